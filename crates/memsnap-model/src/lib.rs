@@ -1,0 +1,12 @@
+//! Typed model of a PyTorch CUDA memory snapshot, and its construction from pickle bytes.
+//!
+//! Frames, stacks and strings are interned once ([`FrameId`], [`StackId`], [`StrId`]); trace
+//! events are compact fixed-size records that refer to them. The pickle's own memo sharing is
+//! used to intern cheaply: a `frames` list shared by many events is converted once.
+//!
+//! Reading never executes anything from the file; type errors name the key path, e.g.
+//! `segments[3].blocks[17].size`.
+
+mod types;
+
+pub use types::*;

@@ -1,0 +1,336 @@
+//! The typed snapshot: plain data with public fields.
+
+use std::collections::BTreeMap;
+
+/// Index of an interned string in [`Snapshot::strings`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct StrId(pub u32);
+
+/// Index of an interned frame in [`Snapshot::frames`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FrameId(pub u32);
+
+/// Index of an interned stack in [`Snapshot::stacks`]. `StackId(0)` is always the empty stack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct StackId(pub u32);
+
+impl StackId {
+    /// The empty stack (no frames recorded).
+    pub const EMPTY: StackId = StackId(0);
+}
+
+/// One source location. Python frames have a real `filename`; C++ frames have `??` or a
+/// `.cpp`/`.h` path.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Frame {
+    pub filename: StrId,
+    pub line: u32,
+    pub name: StrId,
+}
+
+/// A call stack, innermost frame first (the order PyTorch records).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Stack {
+    pub frames: Vec<FrameId>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SegmentType {
+    Small,
+    Large,
+    Unknown,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum BlockState {
+    /// `active_allocated`: handed to the program.
+    Allocated,
+    /// `active_pending_free` (or `active_awaiting_free`): freed by the program, still used by
+    /// another stream.
+    PendingFree,
+    /// `inactive`: free, cached by the allocator.
+    Inactive,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Block {
+    pub address: u64,
+    /// Allocator-rounded size in bytes.
+    pub size: u64,
+    /// Bytes the program asked for (equals `size` when the file does not say).
+    pub requested_size: u64,
+    pub state: BlockState,
+    /// Allocation stack (empty when not recorded).
+    pub stack: StackId,
+    /// True when `address` was not in the file and was derived from the segment address.
+    pub address_derived: bool,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Segment {
+    pub device: u32,
+    pub address: u64,
+    pub total_size: u64,
+    pub allocated_size: u64,
+    pub active_size: u64,
+    pub requested_size: u64,
+    pub stream: u64,
+    pub segment_type: SegmentType,
+    /// CUDA-graph private pool id; `(0, 0)` for the default pools.
+    pub pool_id: (u64, u64),
+    pub is_expandable: bool,
+    /// Where the segment was created.
+    pub stack: StackId,
+    pub blocks: Vec<Block>,
+}
+
+impl Segment {
+    pub fn is_private_pool(&self) -> bool {
+        self.pool_id != (0, 0)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Action {
+    Alloc,
+    FreeRequested,
+    FreeCompleted,
+    SegmentAlloc,
+    SegmentFree,
+    SegmentMap,
+    SegmentUnmap,
+    Snapshot,
+    Oom,
+    /// `user_defined` / `annotate` and any action this version does not know (counted in
+    /// [`SourceInfo::unknown_actions`]).
+    Other,
+}
+
+impl Action {
+    pub fn name(self) -> &'static str {
+        match self {
+            Action::Alloc => "alloc",
+            Action::FreeRequested => "free_requested",
+            Action::FreeCompleted => "free_completed",
+            Action::SegmentAlloc => "segment_alloc",
+            Action::SegmentFree => "segment_free",
+            Action::SegmentMap => "segment_map",
+            Action::SegmentUnmap => "segment_unmap",
+            Action::Snapshot => "snapshot",
+            Action::Oom => "oom",
+            Action::Other => "other",
+        }
+    }
+
+    pub fn parse(s: &str) -> Action {
+        match s {
+            "alloc" => Action::Alloc,
+            "free_requested" => Action::FreeRequested,
+            "free_completed" => Action::FreeCompleted,
+            "segment_alloc" => Action::SegmentAlloc,
+            "segment_free" => Action::SegmentFree,
+            "segment_map" => Action::SegmentMap,
+            "segment_unmap" => Action::SegmentUnmap,
+            "snapshot" => Action::Snapshot,
+            "oom" => Action::Oom,
+            _ => Action::Other,
+        }
+    }
+}
+
+/// `time_us` value used when the file has no timestamp for an event.
+pub const NO_TIME: i64 = i64::MIN;
+
+/// One trace entry. Compact (48 bytes) because real files hold millions.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TraceEvent {
+    /// Address of the block or segment. For `Oom` this holds `device_free` (bytes free on
+    /// the device when the allocation failed).
+    pub addr: u64,
+    /// For `alloc`/`free_*`: the **requested** size, not the block size. For segment events:
+    /// the exact segment (or mapping) size. For `oom`: the requested size.
+    pub size: u64,
+    pub stream: u64,
+    /// Microseconds since the Unix epoch, or [`NO_TIME`].
+    pub time_us: i64,
+    pub stack: StackId,
+    /// `compile_context` (empty string id when "N/A" or absent).
+    pub compile_context: StrId,
+    /// `user_metadata` (empty string id when absent).
+    pub user_metadata: StrId,
+    pub action: Action,
+}
+
+impl TraceEvent {
+    pub fn device_free(&self) -> u64 {
+        self.addr
+    }
+    pub fn has_time(&self) -> bool {
+        self.time_us != NO_TIME
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DeviceTrace {
+    pub device: u32,
+    pub events: Vec<TraceEvent>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AllocatorSettings {
+    /// `PYTORCH_CUDA_ALLOC_CONF` as the process saw it.
+    pub alloc_conf: Option<String>,
+    /// `max_split_size` in bytes; `None` when unlimited (-1) or absent.
+    pub max_split_size: Option<u64>,
+    pub garbage_collection_threshold: Option<f64>,
+    pub expandable_segments: Option<bool>,
+    /// `roundup_power2_divisions`: interval start (bytes, power of two) → divisions.
+    /// Keys of the file are the interval sizes in MiB-free units as strings ("1", "2", …);
+    /// stored here as parsed integers. Zero divisions are omitted.
+    pub roundup_power2_divisions: BTreeMap<u64, u64>,
+    /// Every setting as text, for display (sorted by key).
+    pub raw: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Annotation {
+    pub name: String,
+    /// True for `START`, false for `END`.
+    pub start: bool,
+    pub device: u32,
+    pub time_us: i64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Producer {
+    /// `torch.cuda.memory._dump_snapshot` (Python pickler, protocol ≥ 4 with MEMOIZE).
+    #[default]
+    PythonPickler,
+    /// `torch::cuda::_memory_snapshot_pickled` (C++ pickler, protocol 2, BINPUT after containers).
+    CppPickler,
+    /// Something else (re-pickled, third-party, or unrecognised).
+    Other,
+}
+
+impl Producer {
+    pub fn name(self) -> &'static str {
+        match self {
+            Producer::PythonPickler => "python-pickler",
+            Producer::CppPickler => "cpp-pickler",
+            Producer::Other => "other",
+        }
+    }
+}
+
+/// Facts about the file itself rather than the allocator.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SourceInfo {
+    /// Pickle protocol (from PROTO; 0 or 1 when absent).
+    pub protocol: u8,
+    pub producer: Producer,
+    /// Top level was a bare list of segments (old `memory_snapshot()` users).
+    pub bare_segment_list: bool,
+    /// Blocks carried `history` instead of `frames` (torch ≤ 2.0).
+    pub legacy_history: bool,
+    /// Number of blocks whose address was derived (missing `address`).
+    pub derived_addresses: u64,
+    /// Unknown keys by key path pattern (e.g. `segments[].foo`) → count.
+    pub unknown_keys: BTreeMap<String, u64>,
+    /// Unknown trace actions → count.
+    pub unknown_actions: BTreeMap<String, u64>,
+    /// Any frame is a C++ frame (`stacks="all"`).
+    pub has_cpp_frames: bool,
+    /// Number of trace events that carry at least one frame.
+    pub events_with_frames: u64,
+    /// The file had a `device_traces` key.
+    pub has_trace_key: bool,
+}
+
+/// A whole memory snapshot.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Snapshot {
+    pub segments: Vec<Segment>,
+    /// One per device index that the file lists (index in the file = `device`).
+    pub traces: Vec<DeviceTrace>,
+    pub settings: AllocatorSettings,
+    pub annotations: Vec<Annotation>,
+    pub strings: Vec<String>,
+    pub frames: Vec<Frame>,
+    pub stacks: Vec<Stack>,
+    pub source: SourceInfo,
+}
+
+impl Snapshot {
+    pub fn str(&self, id: StrId) -> &str {
+        self.strings.get(id.0 as usize).map(String::as_str).unwrap_or("")
+    }
+    pub fn frame(&self, id: FrameId) -> &Frame {
+        &self.frames[id.0 as usize]
+    }
+    pub fn stack(&self, id: StackId) -> &Stack {
+        &self.stacks[id.0 as usize]
+    }
+    /// Frames of a stack, innermost first.
+    pub fn stack_frames(&self, id: StackId) -> impl Iterator<Item = &Frame> + '_ {
+        self.stack(id).frames.iter().map(move |f| self.frame(*f))
+    }
+    /// Sorted list of device indices that have segments or trace events.
+    pub fn device_ids(&self) -> Vec<u32> {
+        let mut ids: Vec<u32> = self.segments.iter().map(|s| s.device).collect();
+        ids.extend(self.traces.iter().filter(|t| !t.events.is_empty()).map(|t| t.device));
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+    pub fn trace(&self, device: u32) -> Option<&DeviceTrace> {
+        self.traces.iter().find(|t| t.device == device)
+    }
+}
+
+/// Where a frame comes from: the user's code, an installed library / the standard library,
+/// or native code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FrameKind {
+    User,
+    Library,
+    Native,
+}
+
+/// Classify a frame by its filename (see `docs/detectors.md`): C++ frames (`??`, `.cpp`, `.h`,
+/// `.cu`, no filename) are native; anything under `site-packages`, `dist-packages`, the
+/// standard library (`/lib/pythonX.Y/`) or `<frozen …>`/`<…>` is library; the rest is user code.
+pub fn classify_filename(filename: &str) -> FrameKind {
+    let f = filename;
+    if f.is_empty() || f == "??" || f.ends_with(".cpp") || f.ends_with(".h") || f.ends_with(".cu")
+        || f.ends_with(".cc") || f.ends_with(".hpp") || f.ends_with(".cuh") || f.contains(".so")
+    {
+        return FrameKind::Native;
+    }
+    if f.contains("site-packages") || f.contains("dist-packages") || f.starts_with('<') {
+        return FrameKind::Library;
+    }
+    if is_stdlib_path(f) {
+        return FrameKind::Library;
+    }
+    FrameKind::User
+}
+
+fn is_stdlib_path(f: &str) -> bool {
+    // `/usr/lib/python3.11/…`, `/root/.pyenv/versions/3.11.7/lib/python3.11/…`,
+    // `C:\Python311\Lib\…`
+    if let Some(pos) = f.find("/lib/python") {
+        let rest = &f[pos + "/lib/python".len()..];
+        if rest.chars().next().is_some_and(|c| c.is_ascii_digit()) {
+            return true;
+        }
+    }
+    if f.contains("\\Lib\\") {
+        return true;
+    }
+    // A source checkout of PyTorch (editable install) is still not the user's code.
+    const TORCH_DIRS: [&str; 10] = [
+        "/torch/nn/", "/torch/autograd/", "/torch/optim/", "/torch/utils/", "/torch/cuda/",
+        "/torch/_", "/torch/distributed/", "/torch/amp/", "/torch/functional.py", "/torch/fx/",
+    ];
+    TORCH_DIRS.iter().any(|d| f.contains(d))
+}

@@ -1,0 +1,1 @@
+//! Safe pickle reader (placeholder being written).

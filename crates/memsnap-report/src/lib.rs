@@ -1,0 +1,1 @@
+//! memsnap-report
