@@ -1,1 +1,62 @@
-fn main() {}
+//! `memsnap`: the command-line front end. Thin glue over the library crates; the only place that
+//! touches files, the environment and the terminal.
+
+mod cmd;
+mod input;
+mod load;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Offline analyzer for PyTorch CUDA memory snapshots (`torch.cuda.memory._dump_snapshot`).
+#[derive(Parser)]
+#[command(name = "memsnap", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Totals per device, segments by pool, blocks by state, trace coverage, allocator settings.
+    Summary(cmd::summary::Args),
+    /// Replay the trace and name the suspects (leaks, fragmentation, OOMs) at the user's line.
+    Analyze(cmd::analyze::Args),
+    /// Allocated/reserved/active/requested bytes over time.
+    Timeline(cmd::timeline::Args),
+    /// Segment map with per-segment allocated, free and fragmentation.
+    Segments(cmd::segments::Args),
+    /// The trace as readable events, stacks summarised to the user's frame.
+    Trace(cmd::trace::Args),
+    /// Self-contained HTML or SVG report: verdict, timeline, segment map, flamegraph.
+    Report(cmd::report::Args),
+    /// Live memory by stack as folded stacks or an SVG flamegraph.
+    Flamegraph(cmd::flamegraph::Args),
+    /// One row per snapshot over files, directories and globs (JSONL or CSV).
+    Batch(cmd::batch::Args),
+    /// CI gate: exit 1 when a limit is exceeded or a suspect kind is found.
+    Check(cmd::check::Args),
+    /// Compare two snapshots: peaks, sites, categories, suspects.
+    Diff(cmd::diff::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Summary(a) => cmd::summary::run(a),
+        Command::Analyze(a) => cmd::analyze::run(a),
+        Command::Timeline(a) => cmd::timeline::run(a),
+        Command::Segments(a) => cmd::segments::run(a),
+        Command::Trace(a) => cmd::trace::run(a),
+        Command::Report(a) => cmd::report::run(a),
+        Command::Flamegraph(a) => cmd::flamegraph::run(a),
+        Command::Batch(a) => cmd::batch::run(a),
+        Command::Check(a) => cmd::check::run(a),
+        Command::Diff(a) => cmd::diff::run(a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => cmd::report_error(&e),
+    }
+}

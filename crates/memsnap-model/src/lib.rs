@@ -10,3 +10,9 @@
 mod types;
 
 pub use types::*;
+mod read;
+mod stats;
+
+pub use stats::{DeviceTotals, PoolCounts, TraceFacts, ALL_ACTIONS};
+
+pub use read::{read_snapshot, read_snapshot_with, ReadError, ReadOptions};

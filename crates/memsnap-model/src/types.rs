@@ -184,9 +184,10 @@ pub struct AllocatorSettings {
     pub max_split_size: Option<u64>,
     pub garbage_collection_threshold: Option<f64>,
     pub expandable_segments: Option<bool>,
-    /// `roundup_power2_divisions`: interval start (bytes, power of two) → divisions.
-    /// Keys of the file are the interval sizes in MiB-free units as strings ("1", "2", …);
-    /// stored here as parsed integers. Zero divisions are omitted.
+    /// `roundup_power2_divisions`: interval start in MiB (a power of two: 1, 2, 4, … 32768, the
+    /// file's string keys parsed) → divisions. An allocation of `s` bytes uses the interval
+    /// `[k MiB, 2k MiB)` containing it (sizes below 1 MiB use key 1, sizes above the last key
+    /// use the last key). Zero divisions are omitted.
     pub roundup_power2_divisions: BTreeMap<u64, u64>,
     /// Every setting as text, for display (sorted by key).
     pub raw: BTreeMap<String, String>,

@@ -1,0 +1,899 @@
+//! Building a [`Snapshot`] from pickle bytes.
+//!
+//! Trace entries are converted while the pickle is read (see [`TraceCompactor`]): a 1 GB file
+//! holds 12 M of them, and as generic dicts they would take several times the file size.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+use memsnap_pickle::{Compactor, Heap, Limits, ListStore, Parsed, PickleError, Progress, Value};
+
+use crate::types::*;
+
+/// Why a file could not be read as a snapshot.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("{0}")]
+    Pickle(#[from] PickleError),
+    /// The pickle is fine but its content is not a snapshot; `path` is a key path such as
+    /// `segments[3].blocks[17].size`.
+    #[error("{path}: {message}")]
+    Shape { path: String, message: String },
+}
+
+fn shape(path: impl fmt::Display, message: impl Into<String>) -> ReadError {
+    ReadError::Shape { path: path.to_string(), message: message.into() }
+}
+
+/// Options for [`read_snapshot_with`].
+pub struct ReadOptions<'p> {
+    pub limits: Limits,
+    /// Called with the byte offset reached, about every `progress_every` bytes.
+    pub progress: Option<&'p mut dyn FnMut(usize)>,
+    pub progress_every: usize,
+}
+
+impl Default for ReadOptions<'_> {
+    fn default() -> Self {
+        ReadOptions { limits: Limits::default(), progress: None, progress_every: 64 << 20 }
+    }
+}
+
+/// Read a snapshot from (decompressed) pickle bytes.
+pub fn read_snapshot(data: &[u8]) -> Result<Snapshot, ReadError> {
+    read_snapshot_with(data, ReadOptions::default())
+}
+
+pub fn read_snapshot_with(data: &[u8], opts: ReadOptions<'_>) -> Result<Snapshot, ReadError> {
+    if data.is_empty() {
+        return Err(shape("input", "empty file (0 bytes): not a snapshot"));
+    }
+    if data[0] != 0x80 && !data.starts_with(b"(") && !data.starts_with(b"]") && !data.starts_with(b"}") {
+        let hint = if data[0] == b'{' || data[0] == b'[' {
+            " (looks like JSON)"
+        } else if data.starts_with(b"PK\x03\x04") {
+            " (a zip archive: torch.save output, not a memory snapshot)"
+        } else {
+            ""
+        };
+        return Err(shape(
+            "byte 0",
+            format!("not a pickle: first byte 0x{:02x} is not PROTO or a protocol-0 container{hint}", data[0]),
+        ));
+    }
+    let mut b = Builder::default();
+    let ReadOptions { limits, progress, progress_every } = opts;
+    let parsed = {
+        let progress = progress.map(|callback| Progress { every: progress_every, callback });
+        memsnap_pickle::parse(data, &mut b, &limits, progress)?
+    };
+    b.finish(parsed)
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// Known keys, decoded once per distinct heap string (keys are shared through the memo, so a
+/// file with millions of events has only a handful of key strings).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Key {
+    Action,
+    Addr,
+    Size,
+    Stream,
+    TimeUs,
+    Frames,
+    CompileContext,
+    UserMetadata,
+    DeviceFree,
+    PoolId,
+    Filename,
+    Line,
+    Name,
+    Other,
+}
+
+fn key_of(s: &str) -> Key {
+    match s {
+        "action" => Key::Action,
+        "addr" => Key::Addr,
+        "size" => Key::Size,
+        "stream" => Key::Stream,
+        "time_us" => Key::TimeUs,
+        "frames" => Key::Frames,
+        "compile_context" => Key::CompileContext,
+        "user_metadata" => Key::UserMetadata,
+        "device_free" => Key::DeviceFree,
+        "pool_id" => Key::PoolId,
+        "filename" => Key::Filename,
+        "line" => Key::Line,
+        "name" => Key::Name,
+        _ => Key::Other,
+    }
+}
+
+const UNSEEN: u32 = u32::MAX;
+
+/// Interning tables plus the compacted trace events.
+#[derive(Default)]
+struct Builder {
+    strings: Vec<String>,
+    string_ids: HashMap<String, u32>,
+    frames: Vec<Frame>,
+    frame_ids: HashMap<Frame, u32>,
+    stacks: Vec<Stack>,
+    stack_ids: HashMap<Vec<FrameId>, u32>,
+    /// heap string index → key code (u8::MAX = not yet decoded).
+    key_cache: Vec<u8>,
+    /// heap string index → interned string id.
+    str_cache: Vec<u32>,
+    /// heap list index → stack id (frames lists are shared through the memo).
+    stack_cache: HashMap<u32, StackId>,
+    /// heap dict index → frame id. Frame dicts are never compacted, so indexes are stable.
+    frame_cache: HashMap<u32, FrameId>,
+    events: Vec<TraceEvent>,
+    unknown_keys: BTreeMap<String, u64>,
+    unknown_actions: BTreeMap<String, u64>,
+    has_cpp_frames: bool,
+    events_with_frames: u64,
+}
+
+/// Why a value did not fit: (key, expected, found).
+struct FieldError {
+    key: String,
+    expected: &'static str,
+    found: String,
+}
+
+impl FieldError {
+    fn new(key: &str, expected: &'static str, found: &str) -> FieldError {
+        FieldError { key: key.to_string(), expected, found: found.to_string() }
+    }
+}
+
+fn describe(heap: &Heap<'_>, v: Value) -> String {
+    match v {
+        Value::Str(s) => {
+            let t: String = heap.str(s).chars().take(24).collect();
+            format!("str {t:?}")
+        }
+        Value::Int(i) => format!("int {i}"),
+        Value::BigInt(b) => format!("int {}", heap.bigints[b as usize]),
+        Value::Float(f) => format!("float {f}"),
+        other => other.type_name().to_string(),
+    }
+}
+
+fn as_u64(heap: &Heap<'_>, v: Value, key: &str) -> Result<u64, FieldError> {
+    match heap.as_i128(v) {
+        Some(i) if (0..=u64::MAX as i128).contains(&i) => Ok(i as u64),
+        Some(_) => Err(FieldError::new(key, "a non-negative int below 2^64", &describe(heap, v))),
+        None => Err(FieldError::new(key, "int", &describe(heap, v))),
+    }
+}
+
+/// `stream` values are handles; some producers write them as signed.
+fn as_stream(heap: &Heap<'_>, v: Value, key: &str) -> Result<u64, FieldError> {
+    match heap.as_i128(v) {
+        Some(i) if i >= i64::MIN as i128 && i <= u64::MAX as i128 => Ok(i as u64),
+        _ => Err(FieldError::new(key, "int", &describe(heap, v))),
+    }
+}
+
+fn as_i64(heap: &Heap<'_>, v: Value, key: &str) -> Result<i64, FieldError> {
+    match heap.as_i128(v) {
+        Some(i) if i >= i64::MIN as i128 && i <= i64::MAX as i128 => Ok(i as i64),
+        Some(_) => Err(FieldError::new(key, "an int that fits 64 bits", &describe(heap, v))),
+        None => match v {
+            Value::Float(f) if f.is_finite() => Ok(f as i64),
+            _ => Err(FieldError::new(key, "int", &describe(heap, v))),
+        },
+    }
+}
+
+impl Builder {
+    fn intern(&mut self, s: &str) -> u32 {
+        if let Some(&id) = self.string_ids.get(s) {
+            return id;
+        }
+        let id = self.strings.len() as u32;
+        self.strings.push(s.to_string());
+        self.string_ids.insert(s.to_string(), id);
+        id
+    }
+
+    fn heap_str_id(&mut self, heap: &Heap<'_>, s: u32) -> StrId {
+        let i = s as usize;
+        if i >= self.str_cache.len() {
+            self.str_cache.resize(heap.strs.len().max(i + 1), UNSEEN);
+        }
+        if self.str_cache[i] == UNSEEN {
+            let id = self.intern(heap.str(s));
+            self.str_cache[i] = id;
+        }
+        StrId(self.str_cache[i])
+    }
+
+    fn key(&mut self, heap: &Heap<'_>, k: Value) -> Key {
+        let Value::Str(s) = k else { return Key::Other };
+        let i = s as usize;
+        if i >= self.key_cache.len() {
+            self.key_cache.resize(heap.strs.len().max(i + 1), u8::MAX);
+        }
+        if self.key_cache[i] == u8::MAX {
+            self.key_cache[i] = key_of(heap.str(s)) as u8;
+        }
+        // Safe decode of the cached discriminant.
+        const KEYS: [Key; 14] = [
+            Key::Action,
+            Key::Addr,
+            Key::Size,
+            Key::Stream,
+            Key::TimeUs,
+            Key::Frames,
+            Key::CompileContext,
+            Key::UserMetadata,
+            Key::DeviceFree,
+            Key::PoolId,
+            Key::Filename,
+            Key::Line,
+            Key::Name,
+            Key::Other,
+        ];
+        KEYS[self.key_cache[i] as usize]
+    }
+
+    fn text(&mut self, heap: &Heap<'_>, v: Value, key: &str) -> Result<StrId, FieldError> {
+        match v {
+            Value::Str(s) => Ok(self.heap_str_id(heap, s)),
+            Value::None => Ok(StrId(self.intern(""))),
+            other => Err(FieldError::new(key, "str", &describe(heap, other))),
+        }
+    }
+
+    fn frame(&mut self, heap: &Heap<'_>, v: Value) -> Result<FrameId, FieldError> {
+        let Value::Dict(d) = v else {
+            return Err(FieldError::new("", "frame dict", &describe(heap, v)));
+        };
+        if let Some(&f) = self.frame_cache.get(&d) {
+            return Ok(f);
+        }
+        let mut filename = None;
+        let mut line = 0u32;
+        let mut name = None;
+        for &(k, val) in heap.dict(d) {
+            match self.key(heap, k) {
+                Key::Filename => filename = Some(self.text(heap, val, "filename")?),
+                Key::Name => name = Some(self.text(heap, val, "name")?),
+                Key::Line => {
+                    line = match heap.as_i128(val) {
+                        Some(l) => l.clamp(0, u32::MAX as i128) as u32,
+                        None if val == Value::None => 0,
+                        None => return Err(FieldError::new("line", "int", &describe(heap, val))),
+                    }
+                }
+                // fx_node_* and fx_original_trace (augment_with_fx_traces) are not needed.
+                _ => {}
+            }
+        }
+        let empty = StrId(self.intern(""));
+        let frame = Frame { filename: filename.unwrap_or(empty), line, name: name.unwrap_or(empty) };
+        if !self.has_cpp_frames {
+            let f = &self.strings[frame.filename.0 as usize];
+            if classify_filename(f) == FrameKind::Native {
+                self.has_cpp_frames = true;
+            }
+        }
+        let id = match self.frame_ids.get(&frame) {
+            Some(&id) => FrameId(id),
+            None => {
+                let id = self.frames.len() as u32;
+                self.frames.push(frame.clone());
+                self.frame_ids.insert(frame, id);
+                FrameId(id)
+            }
+        };
+        self.frame_cache.insert(d, id);
+        Ok(id)
+    }
+
+    fn stack(&mut self, heap: &Heap<'_>, v: Value) -> Result<StackId, FieldError> {
+        let list_id = match v {
+            Value::List(id) => Some(id),
+            Value::Tuple(_) => None,
+            Value::None => return Ok(StackId::EMPTY),
+            other => return Err(FieldError::new("frames", "list of frames", &describe(heap, other))),
+        };
+        if let Some(id) = list_id {
+            if let Some(&s) = self.stack_cache.get(&id) {
+                return Ok(s);
+            }
+        }
+        let n = heap.seq_len(v).unwrap_or(0);
+        let mut frames = Vec::with_capacity(n.min(4096));
+        for i in 0..n {
+            let f = heap.seq_get(v, i).unwrap_or(Value::None);
+            let fid = self.frame(heap, f).map_err(|mut e| {
+                e.key = if e.key.is_empty() { format!("frames[{i}]") } else { format!("frames[{i}].{}", e.key) };
+                e
+            })?;
+            frames.push(fid);
+        }
+        let sid = self.intern_stack(frames);
+        if let Some(id) = list_id {
+            self.stack_cache.insert(id, sid);
+        }
+        Ok(sid)
+    }
+
+    fn intern_stack(&mut self, frames: Vec<FrameId>) -> StackId {
+        if self.stacks.is_empty() {
+            self.stacks.push(Stack::default());
+            self.stack_ids.insert(Vec::new(), 0);
+        }
+        if let Some(&id) = self.stack_ids.get(&frames) {
+            return StackId(id);
+        }
+        let id = self.stacks.len() as u32;
+        self.stacks.push(Stack { frames: frames.clone() });
+        self.stack_ids.insert(frames, id);
+        StackId(id)
+    }
+
+    /// Convert one trace-entry dict. Unknown keys are returned for counting on success.
+    fn event(&mut self, heap: &Heap<'_>, d: u32, unknown: &mut Vec<u32>) -> Result<TraceEvent, FieldError> {
+        let empty = StrId(self.intern(""));
+        let mut ev = TraceEvent {
+            addr: 0,
+            size: 0,
+            stream: 0,
+            time_us: NO_TIME,
+            stack: StackId::EMPTY,
+            compile_context: empty,
+            user_metadata: empty,
+            action: Action::Other,
+        };
+        let mut action_seen = false;
+        let mut device_free = None;
+        for &(k, v) in heap.dict(d) {
+            match self.key(heap, k) {
+                Key::Action => {
+                    let Value::Str(s) = v else {
+                        return Err(FieldError::new("action", "str", &describe(heap, v)));
+                    };
+                    let name = heap.str(s);
+                    ev.action = Action::parse(name);
+                    if ev.action == Action::Other {
+                        *self.unknown_actions.entry(name.to_string()).or_default() += 1;
+                    }
+                    action_seen = true;
+                }
+                Key::Addr => ev.addr = as_u64(heap, v, "addr")?,
+                Key::Size => ev.size = as_u64(heap, v, "size")?,
+                Key::Stream => ev.stream = as_stream(heap, v, "stream")?,
+                Key::TimeUs => {
+                    ev.time_us = if v == Value::None { NO_TIME } else { as_i64(heap, v, "time_us")? }
+                }
+                Key::Frames => {
+                    ev.stack = self.stack(heap, v)?;
+                }
+                Key::CompileContext => {
+                    let s = self.text(heap, v, "compile_context")?;
+                    ev.compile_context = if self.strings[s.0 as usize] == "N/A" { empty } else { s };
+                }
+                Key::UserMetadata => ev.user_metadata = self.text(heap, v, "user_metadata")?,
+                Key::DeviceFree => device_free = Some(as_u64(heap, v, "device_free")?),
+                // `pool_id` (newest torch) is not needed: the segment tells the pool.
+                Key::PoolId => {}
+                _ => {
+                    if let Value::Str(s) = k {
+                        unknown.push(s);
+                    }
+                }
+            }
+        }
+        if !action_seen {
+            return Err(FieldError::new("action", "str", "nothing (key missing)"));
+        }
+        if ev.action == Action::Oom {
+            if let Some(f) = device_free {
+                ev.addr = f;
+            }
+        }
+        Ok(ev)
+    }
+
+    fn commit_event(&mut self, heap: &Heap<'_>, ev: TraceEvent, unknown: &[u32]) -> u32 {
+        for &s in unknown {
+            *self.unknown_keys.entry(format!("device_traces[][].{}", heap.str(s))).or_default() += 1;
+        }
+        if ev.stack != StackId::EMPTY {
+            self.events_with_frames += 1;
+        }
+        self.events.push(ev);
+        (self.events.len() - 1) as u32
+    }
+
+    fn finish(mut self, parsed: Parsed<'_>) -> Result<Snapshot, ReadError> {
+        let Parsed { heap, root, stats } = parsed;
+        self.intern_stack(Vec::new());
+        self.intern("");
+        let mut snap = Snapshot::default();
+        snap.source.protocol = stats.protocol;
+        snap.source.producer = if stats.memoize > 0 && stats.protocol >= 4 {
+            Producer::PythonPickler
+        } else if stats.protocol == 2 && stats.memoize == 0 && stats.binput > 0 {
+            Producer::CppPickler
+        } else {
+            Producer::Other
+        };
+        let mut conv = Converter { b: &mut self, heap: &heap, source: &mut snap.source };
+        match root {
+            Value::Dict(d) => conv.top_dict(d, &mut snap.segments, &mut snap.traces, &mut snap.settings, &mut snap.annotations)?,
+            Value::List(_) => {
+                conv.source.bare_segment_list = true;
+                snap.segments = conv.segments(root, "$")?;
+            }
+            other => {
+                return Err(shape("$", format!("expected a dict (or a list of segments) at the top, found {}", describe(&heap, other))));
+            }
+        }
+        // Events that were compacted but never reached a device trace (e.g. a list of
+        // action dicts under an unknown key) are simply dropped with the builder.
+        let Builder { strings, frames, stacks, unknown_keys, unknown_actions, has_cpp_frames, events_with_frames, .. } = self;
+        snap.strings = strings;
+        snap.frames = frames;
+        snap.stacks = stacks;
+        for (k, v) in unknown_keys {
+            *snap.source.unknown_keys.entry(k).or_default() += v;
+        }
+        snap.source.unknown_actions = unknown_actions;
+        snap.source.has_cpp_frames = has_cpp_frames;
+        snap.source.events_with_frames = events_with_frames;
+        Ok(snap)
+    }
+}
+
+impl Compactor for Builder {
+    fn compact(&mut self, heap: &Heap<'_>, dict: u32) -> Option<u32> {
+        // Only trace entries: dicts with a string `action`. Everything else (frames, blocks,
+        // segments) stays generic. Any type problem leaves the dict generic too, so the
+        // converter reports it with its full key path.
+        let items = heap.dict(dict);
+        let has_action = items.iter().any(|&(k, v)| matches!(v, Value::Str(_)) && self.key(heap, k) == Key::Action);
+        if !has_action {
+            return None;
+        }
+        let mut unknown = Vec::new();
+        let ev = self.event(heap, dict, &mut unknown).ok()?;
+        Some(self.commit_event(heap, ev, &unknown))
+    }
+}
+
+struct Converter<'b, 'h, 'a> {
+    b: &'b mut Builder,
+    heap: &'h Heap<'a>,
+    source: &'b mut SourceInfo,
+}
+
+impl Converter<'_, '_, '_> {
+    fn unknown(&mut self, pattern: String) {
+        *self.source.unknown_keys.entry(pattern).or_default() += 1;
+    }
+
+    fn dict_items(&self, v: Value, path: &str) -> Result<Vec<(String, Value)>, ReadError> {
+        match v {
+            Value::Dict(d) => Ok(self
+                .heap
+                .dict(d)
+                .iter()
+                .map(|&(k, v)| {
+                    let key = match k {
+                        Value::Str(s) => self.heap.str(s).to_string(),
+                        Value::Int(i) => i.to_string(),
+                        other => format!("<{}>", other.type_name()),
+                    };
+                    (key, v)
+                })
+                .collect()),
+            other => Err(shape(path, format!("expected a dict, found {}", describe(self.heap, other)))),
+        }
+    }
+
+    fn seq(&self, v: Value, path: &str) -> Result<usize, ReadError> {
+        self.heap
+            .seq_len(v)
+            .ok_or_else(|| shape(path, format!("expected a list, found {}", describe(self.heap, v))))
+    }
+
+
+    fn top_dict(
+        &mut self,
+        d: u32,
+        segments: &mut Vec<Segment>,
+        traces: &mut Vec<DeviceTrace>,
+        settings: &mut AllocatorSettings,
+        annotations: &mut Vec<Annotation>,
+    ) -> Result<(), ReadError> {
+        for (key, v) in self.dict_items(Value::Dict(d), "$")? {
+            match key.as_str() {
+                "segments" => *segments = self.segments(v, "segments")?,
+                "device_traces" => {
+                    self.source.has_trace_key = true;
+                    *traces = self.traces(v)?;
+                }
+                "allocator_settings" => *settings = self.settings(v)?,
+                "external_annotations" => *annotations = self.annotations(v)?,
+                // Pinned host memory (newest torch): not CUDA device memory; not modelled.
+                "host_segments" | "host_traces" => {}
+                other => self.unknown(other.to_string()),
+            }
+        }
+        Ok(())
+    }
+
+    fn traces(&mut self, v: Value) -> Result<Vec<DeviceTrace>, ReadError> {
+        let n = self.seq(v, "device_traces")?;
+        let mut built: Vec<Option<Vec<TraceEvent>>> = Vec::with_capacity(n.min(1024));
+        let mut runs: Vec<(usize, usize, usize)> = Vec::new(); // (start, len, device)
+        for dev in 0..n {
+            let path = format!("device_traces[{dev}]");
+            let list = self.heap.seq_get(v, dev).unwrap_or(Value::None);
+            let events = match list {
+                Value::List(id) => match self.heap.list(id) {
+                    // Fast path: the whole list was compacted into consecutive records; they are
+                    // moved (not copied) out of the builder below.
+                    ListStore::Records { start, len } => {
+                        runs.push((*start as usize, *len as usize, dev));
+                        None
+                    }
+                    ListStore::Values(vals) => {
+                        let mut evs = Vec::with_capacity(vals.len());
+                        for (j, &item) in vals.iter().enumerate() {
+                            evs.push(self.event_value(item, &format!("{path}[{j}]"))?);
+                        }
+                        Some(evs)
+                    }
+                },
+                Value::None => Some(Vec::new()),
+                other => {
+                    let m = self.seq(other, &path)?;
+                    let mut evs = Vec::with_capacity(m.min(1 << 20));
+                    for j in 0..m {
+                        let item = self.heap.seq_get(other, j).unwrap_or(Value::None);
+                        evs.push(self.event_value(item, &format!("{path}[{j}]"))?);
+                    }
+                    Some(evs)
+                }
+            };
+            built.push(events);
+        }
+        // Move each run out of the record buffer, last run first so `split_off` copies only
+        // tails; the run that starts at 0 (the usual single-device case) is moved whole.
+        let mut all = std::mem::take(&mut self.b.events);
+        runs.sort_by(|a, b| b.0.cmp(&a.0).then(a.2.cmp(&b.2)));
+        let mut taken: Vec<(usize, usize, usize)> = Vec::new();
+        for &(start, len, dev) in &runs {
+            if let Some(&(_, _, first)) = taken.iter().find(|t| t.0 == start && t.1 == len) {
+                // The same list object listed twice (memo-shared): copy the first one.
+                built[dev] = built[first].clone();
+                continue;
+            }
+            let evs = if start == 0 {
+                let mut v = std::mem::take(&mut all);
+                v.truncate(len);
+                v
+            } else if start <= all.len() {
+                let mut tail = all.split_off(start);
+                tail.truncate(len);
+                tail
+            } else {
+                Vec::new()
+            };
+            taken.push((start, len, dev));
+            built[dev] = Some(evs);
+        }
+        Ok(built
+            .into_iter()
+            .enumerate()
+            .map(|(dev, evs)| DeviceTrace { device: dev as u32, events: evs.unwrap_or_default() })
+            .collect())
+    }
+
+    fn event_value(&mut self, item: Value, path: &str) -> Result<TraceEvent, ReadError> {
+        match item {
+            Value::Record(r) => Ok(self.b.events[r as usize]),
+            Value::Dict(d) => {
+                let mut unknown = Vec::new();
+                let ev = self.b.event(self.heap, d, &mut unknown);
+                let ev = field(ev, path)?;
+                for s in unknown {
+                    self.unknown(format!("device_traces[][].{}", self.heap.str(s)));
+                }
+                if ev.stack != StackId::EMPTY {
+                    self.b.events_with_frames += 1;
+                }
+                Ok(ev)
+            }
+            other => Err(shape(path, format!("expected a trace entry dict, found {}", describe(self.heap, other)))),
+        }
+    }
+
+    fn segments(&mut self, v: Value, path: &str) -> Result<Vec<Segment>, ReadError> {
+        let n = self.seq(v, path)?;
+        let mut out = Vec::with_capacity(n.min(1 << 16));
+        for i in 0..n {
+            let s = self.heap.seq_get(v, i).unwrap_or(Value::None);
+            out.push(self.segment(s, &format!("{path}[{i}]"))?);
+        }
+        Ok(out)
+    }
+
+    fn segment(&mut self, v: Value, path: &str) -> Result<Segment, ReadError> {
+        let mut seg = Segment {
+            device: 0,
+            address: 0,
+            total_size: 0,
+            allocated_size: 0,
+            active_size: 0,
+            requested_size: 0,
+            stream: 0,
+            segment_type: SegmentType::Unknown,
+            pool_id: (0, 0),
+            is_expandable: false,
+            stack: StackId::EMPTY,
+            blocks: Vec::new(),
+        };
+        let mut blocks_v = None;
+        let (mut have_alloc, mut have_active, mut have_req) = (false, false, false);
+        let heap = self.heap;
+        for (key, val) in self.dict_items(v, path)? {
+            let kp = format!("{path}.{key}");
+            match key.as_str() {
+                "device" => seg.device = field(as_u64(heap, val, ""), &kp)?.min(u32::MAX as u64) as u32,
+                "address" => seg.address = field(as_u64(heap, val, ""), &kp)?,
+                "total_size" => seg.total_size = field(as_u64(heap, val, ""), &kp)?,
+                "allocated_size" => {
+                    seg.allocated_size = field(as_u64(heap, val, ""), &kp)?;
+                    have_alloc = true;
+                }
+                "active_size" => {
+                    seg.active_size = field(as_u64(heap, val, ""), &kp)?;
+                    have_active = true;
+                }
+                "requested_size" => {
+                    seg.requested_size = field(as_u64(heap, val, ""), &kp)?;
+                    have_req = true;
+                }
+                "stream" => seg.stream = field(as_stream(heap, val, ""), &kp)?,
+                "segment_type" => {
+                    seg.segment_type = match heap.as_str(val) {
+                        Some("small") => SegmentType::Small,
+                        Some("large") => SegmentType::Large,
+                        Some(_) => SegmentType::Unknown,
+                        None => return Err(shape(kp, format!("expected str, found {}", describe(heap, val)))),
+                    }
+                }
+                "segment_pool_id" => {
+                    let a = heap.seq_get(val, 0).and_then(|x| heap.as_i128(x));
+                    let b = heap.seq_get(val, 1).and_then(|x| heap.as_i128(x));
+                    match (a, b) {
+                        (Some(a), Some(b)) => seg.pool_id = (a as u64, b as u64),
+                        _ => return Err(shape(kp, format!("expected a pair of ints, found {}", describe(heap, val)))),
+                    }
+                }
+                "is_expandable" => {
+                    seg.is_expandable = match val {
+                        Value::Bool(b) => b,
+                        Value::Int(i) => i != 0,
+                        other => return Err(shape(kp, format!("expected bool, found {}", describe(heap, other)))),
+                    }
+                }
+                "frames" => seg.stack = field(self.b.stack(heap, val), &kp)?,
+                "blocks" => blocks_v = Some(val),
+                other => self.unknown(format!("segments[].{other}")),
+            }
+        }
+        if let Some(bv) = blocks_v {
+            let n = self.seq(bv, &format!("{path}.blocks"))?;
+            let mut cursor = seg.address;
+            for j in 0..n {
+                let bp = format!("{path}.blocks[{j}]");
+                let item = heap.seq_get(bv, j).unwrap_or(Value::None);
+                let blk = self.block(item, &bp, cursor)?;
+                cursor = blk.address.saturating_add(blk.size);
+                seg.blocks.push(blk);
+            }
+        }
+        // Producers that omit the per-segment totals: derive them from the blocks.
+        if !have_alloc {
+            seg.allocated_size = seg.blocks.iter().filter(|b| b.state == BlockState::Allocated).map(|b| b.size).sum();
+        }
+        if !have_active {
+            seg.active_size = seg.blocks.iter().filter(|b| b.state != BlockState::Inactive).map(|b| b.size).sum();
+        }
+        if !have_req {
+            seg.requested_size =
+                seg.blocks.iter().filter(|b| b.state != BlockState::Inactive).map(|b| b.requested_size).sum();
+        }
+        if seg.total_size == 0 {
+            seg.total_size = seg.blocks.iter().map(|b| b.size).sum();
+        }
+        Ok(seg)
+    }
+
+    fn block(&mut self, v: Value, path: &str, derived_addr: u64) -> Result<Block, ReadError> {
+        let heap = self.heap;
+        let mut blk = Block {
+            address: derived_addr,
+            size: 0,
+            requested_size: 0,
+            state: BlockState::Inactive,
+            stack: StackId::EMPTY,
+            address_derived: true,
+        };
+        let mut have_req = false;
+        for (key, val) in self.dict_items(v, path)? {
+            let kp = format!("{path}.{key}");
+            match key.as_str() {
+                "address" => {
+                    blk.address = field(as_u64(heap, val, ""), &kp)?;
+                    blk.address_derived = false;
+                }
+                "size" => blk.size = field(as_u64(heap, val, ""), &kp)?,
+                "requested_size" => {
+                    blk.requested_size = field(as_u64(heap, val, ""), &kp)?;
+                    have_req = true;
+                }
+                "state" => {
+                    blk.state = match heap.as_str(val) {
+                        Some("active_allocated") => BlockState::Allocated,
+                        Some("active_pending_free") | Some("active_awaiting_free") => BlockState::PendingFree,
+                        Some("inactive") => BlockState::Inactive,
+                        Some(other) => {
+                            return Err(shape(kp, format!("unknown block state {other:?}")));
+                        }
+                        None => return Err(shape(kp, format!("expected str, found {}", describe(heap, val)))),
+                    }
+                }
+                "frames" => blk.stack = field(self.b.stack(heap, val), &kp)?,
+                "history" => {
+                    // torch ≤ 2.0: the latest history entry has the live allocation.
+                    self.source.legacy_history = true;
+                    let n = self.seq(val, &kp)?;
+                    if n > 0 {
+                        let last = heap.seq_get(val, n - 1).unwrap_or(Value::None);
+                        let hp = format!("{kp}[{}]", n - 1);
+                        for (hk, hv) in self.dict_items(last, &hp)? {
+                            match hk.as_str() {
+                                "real_size" if !have_req => {
+                                    blk.requested_size = field(as_u64(heap, hv, ""), &format!("{hp}.real_size"))?;
+                                    have_req = true;
+                                }
+                                "frames" if blk.stack == StackId::EMPTY => {
+                                    blk.stack = field(self.b.stack(heap, hv), &format!("{hp}.frames"))?
+                                }
+                                _ => {}
+                            }
+                        }
+                    }
+                }
+                other => self.unknown(format!("segments[].blocks[].{other}")),
+            }
+        }
+        if !have_req {
+            blk.requested_size = if blk.state == BlockState::Inactive { 0 } else { blk.size };
+        }
+        if blk.address_derived {
+            self.source.derived_addresses += 1;
+        }
+        Ok(blk)
+    }
+
+    fn settings(&mut self, v: Value) -> Result<AllocatorSettings, ReadError> {
+        let heap = self.heap;
+        let mut s = AllocatorSettings::default();
+        for (key, val) in self.dict_items(v, "allocator_settings")? {
+            let kp = format!("allocator_settings.{key}");
+            s.raw.insert(key.clone(), display_value(heap, val));
+            match key.as_str() {
+                "PYTORCH_CUDA_ALLOC_CONF" => s.alloc_conf = heap.as_str(val).map(str::to_string),
+                "max_split_size" => {
+                    s.max_split_size = match heap.as_i128(val) {
+                        Some(i) if i > 0 && i < u64::MAX as i128 => Some(i as u64),
+                        Some(_) => None,
+                        None if val == Value::None => None,
+                        None => return Err(shape(kp, format!("expected int, found {}", describe(heap, val)))),
+                    }
+                }
+                "garbage_collection_threshold" => {
+                    s.garbage_collection_threshold = match val {
+                        Value::Float(f) => Some(f),
+                        _ => heap.as_i128(val).map(|i| i as f64),
+                    }
+                }
+                "expandable_segments" => s.expandable_segments = heap.as_i128(val).map(|i| i != 0),
+                "roundup_power2_divisions" => {
+                    if let Value::Dict(_) = val {
+                        for (k, dv) in self.dict_items(val, &kp)? {
+                            let (Ok(mb), Some(div)) = (k.trim().parse::<u64>(), heap.as_i128(dv)) else {
+                                continue;
+                            };
+                            if div > 0 {
+                                s.roundup_power2_divisions.insert(mb, div as u64);
+                            }
+                        }
+                    } else if let Some(n) = heap.seq_len(val) {
+                        // Older builds: a list indexed by log2 of the interval start in MiB.
+                        for i in 0..n.min(64) {
+                            if let Some(div) = heap.seq_get(val, i).and_then(|x| heap.as_i128(x)) {
+                                if div > 0 {
+                                    s.roundup_power2_divisions.insert(1u64 << i, div as u64);
+                                }
+                            }
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(s)
+    }
+
+    fn annotations(&mut self, v: Value) -> Result<Vec<Annotation>, ReadError> {
+        let heap = self.heap;
+        let n = self.seq(v, "external_annotations")?;
+        let mut out = Vec::with_capacity(n.min(1 << 16));
+        for i in 0..n {
+            let p = format!("external_annotations[{i}]");
+            let item = heap.seq_get(v, i).unwrap_or(Value::None);
+            let mut a = Annotation { name: String::new(), start: true, device: 0, time_us: NO_TIME };
+            for (k, val) in self.dict_items(item, &p)? {
+                match k.as_str() {
+                    "name" => a.name = heap.as_str(val).unwrap_or("").to_string(),
+                    "stage" => a.start = heap.as_str(val).is_none_or(|s| !s.eq_ignore_ascii_case("END")),
+                    "device" => a.device = heap.as_i128(val).unwrap_or(0).clamp(0, u32::MAX as i128) as u32,
+                    "time_us" => a.time_us = field(as_i64(heap, val, ""), &format!("{p}.time_us"))?,
+                    other => self.unknown(format!("external_annotations[].{other}")),
+                }
+            }
+            out.push(a);
+        }
+        Ok(out)
+    }
+}
+
+fn field<T>(r: Result<T, FieldError>, path: &str) -> Result<T, ReadError> {
+    r.map_err(|e| {
+        let p = if e.key.is_empty() { path.to_string() } else { format!("{path}.{}", e.key) };
+        shape(p, format!("expected {}, found {}", e.expected, e.found))
+    })
+}
+
+/// A short text form of a setting value for display.
+fn display_value(heap: &Heap<'_>, v: Value) -> String {
+    match v {
+        Value::None => "None".into(),
+        Value::Bool(b) => if b { "True" } else { "False" }.into(),
+        Value::Int(i) => i.to_string(),
+        Value::BigInt(b) => heap.bigints[b as usize].to_string(),
+        Value::Float(f) => format!("{f}"),
+        Value::Str(s) => heap.str(s).to_string(),
+        Value::Dict(d) => {
+            let parts: Vec<String> = heap
+                .dict(d)
+                .iter()
+                .take(64)
+                .map(|&(k, v)| format!("{}: {}", display_scalar(heap, k), display_scalar(heap, v)))
+                .collect();
+            format!("{{{}}}", parts.join(", "))
+        }
+        other => format!("<{}>", other.type_name()),
+    }
+}
+
+fn display_scalar(heap: &Heap<'_>, v: Value) -> String {
+    match v {
+        Value::Dict(_) | Value::List(_) | Value::Tuple(_) | Value::Set(_) => format!("<{}>", v.type_name()),
+        other => display_value(heap, other),
+    }
+}

@@ -1,0 +1,156 @@
+//! Totals of the dump-time state and of the trace, as `torch.cuda.memory_summary()` reports them.
+
+use crate::types::*;
+
+/// Dump-time totals of one device, computed from `segments`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeviceTotals {
+    pub device: u32,
+    /// Sum of `active_allocated` block sizes (`memory_allocated()`).
+    pub allocated_bytes: u64,
+    /// Sum of segment sizes (`memory_reserved()`).
+    pub reserved_bytes: u64,
+    /// Allocated plus pending-free blocks.
+    pub active_bytes: u64,
+    /// Requested bytes of active blocks.
+    pub requested_bytes: u64,
+    /// Segments as torch counts them (`segment.all.current`): expandable segments are not
+    /// counted (see `pools.expandable_segments`).
+    pub segment_count: u64,
+    pub block_count: u64,
+    pub blocks_allocated: u64,
+    pub blocks_pending_free: u64,
+    pub blocks_inactive: u64,
+    pub inactive_bytes: u64,
+    /// Inactive bytes in segments that also hold active blocks (split, reusable only by fits).
+    pub inactive_split_bytes: u64,
+    pub largest_free_block: u64,
+    pub pools: PoolCounts,
+    pub trace_entries: u64,
+}
+
+/// Segments and bytes per pool.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PoolCounts {
+    pub small_segments: u64,
+    pub small_bytes: u64,
+    pub large_segments: u64,
+    pub large_bytes: u64,
+    pub private_segments: u64,
+    pub private_bytes: u64,
+    pub expandable_segments: u64,
+    pub expandable_bytes: u64,
+}
+
+/// Facts about a device's trace.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TraceFacts {
+    pub device: u32,
+    pub entries: u64,
+    pub first_time_us: Option<i64>,
+    pub last_time_us: Option<i64>,
+    pub first_action: Option<Action>,
+    pub last_action: Option<Action>,
+    /// Counts per action, in [`Action`] order.
+    pub actions: Vec<(Action, u64)>,
+    pub events_without_time: u64,
+}
+
+impl Snapshot {
+    /// Totals per device (sorted by device), for every device with segments or events.
+    pub fn device_totals(&self) -> Vec<DeviceTotals> {
+        self.device_ids()
+            .into_iter()
+            .map(|d| {
+                let mut t = DeviceTotals { device: d, ..Default::default() };
+                for seg in self.segments.iter().filter(|s| s.device == d) {
+                    if !seg.is_expandable {
+                        t.segment_count += 1;
+                    }
+                    t.reserved_bytes += seg.total_size;
+                    let (count, bytes) = if seg.is_private_pool() {
+                        (&mut t.pools.private_segments, &mut t.pools.private_bytes)
+                    } else if seg.is_expandable {
+                        (&mut t.pools.expandable_segments, &mut t.pools.expandable_bytes)
+                    } else if seg.segment_type == SegmentType::Small {
+                        (&mut t.pools.small_segments, &mut t.pools.small_bytes)
+                    } else {
+                        (&mut t.pools.large_segments, &mut t.pools.large_bytes)
+                    };
+                    *count += 1;
+                    *bytes += seg.total_size;
+                    // torch counts neither expandable segments nor their free blocks as split segments.
+                    let split = seg.blocks.len() > 1 && !seg.is_expandable;
+                    for b in &seg.blocks {
+                        t.block_count += 1;
+                        match b.state {
+                            BlockState::Allocated => {
+                                t.blocks_allocated += 1;
+                                t.allocated_bytes += b.size;
+                                t.active_bytes += b.size;
+                                t.requested_bytes += b.requested_size;
+                            }
+                            BlockState::PendingFree => {
+                                t.blocks_pending_free += 1;
+                                t.active_bytes += b.size;
+                                t.requested_bytes += b.requested_size;
+                            }
+                            BlockState::Inactive => {
+                                t.blocks_inactive += 1;
+                                t.inactive_bytes += b.size;
+                                t.largest_free_block = t.largest_free_block.max(b.size);
+                                if split {
+                                    t.inactive_split_bytes += b.size;
+                                }
+                            }
+                        }
+                    }
+                }
+                t.trace_entries = self.trace(d).map_or(0, |tr| tr.events.len() as u64);
+                t
+            })
+            .collect()
+    }
+
+    /// Trace facts per device trace present in the file.
+    pub fn trace_facts(&self) -> Vec<TraceFacts> {
+        self.traces
+            .iter()
+            .map(|tr| {
+                let mut f = TraceFacts { device: tr.device, entries: tr.events.len() as u64, ..Default::default() };
+                let mut counts = [0u64; 10];
+                for e in &tr.events {
+                    counts[action_index(e.action)] += 1;
+                    if e.has_time() {
+                        f.first_time_us = Some(f.first_time_us.map_or(e.time_us, |t: i64| t.min(e.time_us)));
+                        f.last_time_us = Some(f.last_time_us.map_or(e.time_us, |t: i64| t.max(e.time_us)));
+                    } else {
+                        f.events_without_time += 1;
+                    }
+                }
+                f.first_action = tr.events.first().map(|e| e.action);
+                f.last_action = tr.events.last().map(|e| e.action);
+                f.actions = ALL_ACTIONS.iter().map(|&a| (a, counts[action_index(a)])).filter(|(_, c)| *c > 0).collect();
+                f
+            })
+            .collect()
+    }
+}
+
+/// Every action, in display order.
+pub const ALL_ACTIONS: [Action; 10] = [
+    Action::Alloc,
+    Action::FreeRequested,
+    Action::FreeCompleted,
+    Action::SegmentAlloc,
+    Action::SegmentFree,
+    Action::SegmentMap,
+    Action::SegmentUnmap,
+    Action::Snapshot,
+    Action::Oom,
+    Action::Other,
+];
+
+fn action_index(a: Action) -> usize {
+    ALL_ACTIONS.iter().position(|&x| x == a).unwrap_or(9)
+}

@@ -1,0 +1,13 @@
+//! `memsnap flamegraph` (being written).
+
+use std::process::ExitCode;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Snapshot file (`-` for stdin).
+    pub file: std::path::PathBuf,
+}
+
+pub fn run(_args: &Args) -> anyhow::Result<ExitCode> {
+    anyhow::bail!("`flamegraph` is not available in this build yet")
+}

@@ -1,0 +1,295 @@
+//! `memsnap summary FILE [--json]`: dump-time totals per device, pools, block states, trace
+//! coverage, allocator settings, producer, and what the file lacks.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use memsnap_model::{DeviceTotals, Snapshot, TraceFacts};
+use serde_json::{json, Value};
+
+use crate::cmd::emit;
+use crate::load::{load, Loaded};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Snapshot file (`-` for stdin); gzip, zstd and xz are detected by content.
+    pub file: PathBuf,
+    /// Machine-readable output (see docs/json.md).
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    let loaded = load(&args.file)?;
+    let out = if args.json {
+        let mut s = serde_json::to_string_pretty(&summary_json(&loaded))?;
+        s.push('\n');
+        s
+    } else {
+        summary_text(&loaded)
+    };
+    emit(&out)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Caveats about what the file lacks, as short sentences.
+pub fn lacks(snap: &Snapshot) -> Vec<String> {
+    let mut out = Vec::new();
+    let events: u64 = snap.traces.iter().map(|t| t.events.len() as u64).sum();
+    if !snap.source.has_trace_key || events == 0 {
+        out.push("no trace: history was not recorded (_record_memory_history) or is empty; only the dump-time state is known".into());
+    } else {
+        if snap.source.events_with_frames == 0 {
+            out.push("no stacks: trace events carry no frames (recorded with stacks=None or context=None)".into());
+        }
+        let (blocks, bytes) = pre_trace_blocks(snap);
+        if blocks > 0 {
+            out.push(format!(
+                "trace starts mid-run: {blocks} blocks ({bytes} bytes) alive at dump were allocated before the first event (recording started late, or the ring buffer wrapped); they have no allocation stack"
+            ));
+        }
+        let untimed: u64 = snap.trace_facts().iter().map(|f| f.events_without_time).sum();
+        if untimed > 0 {
+            out.push(format!("{untimed} trace events have no time_us (torch < 2.2 or a profiler-made file)"));
+        }
+    }
+    if snap.source.has_cpp_frames {
+        out.push("C++ stacks present (stacks=\"all\"): native frames are shown but never named as the user's site".into());
+    }
+    if snap.source.legacy_history {
+        out.push("legacy format (torch <= 2.0): block history instead of frames".into());
+    }
+    if snap.source.bare_segment_list {
+        out.push("bare list of segments: no trace, no settings".into());
+    }
+    if snap.source.derived_addresses > 0 {
+        out.push(format!("{} blocks had no address; derived from segment address + sizes", snap.source.derived_addresses));
+    }
+    out
+}
+
+/// Blocks allocated at dump time that have no `alloc` event in their device's trace: they
+/// predate the trace. Returns (blocks, bytes).
+pub fn pre_trace_blocks(snap: &Snapshot) -> (u64, u64) {
+    use memsnap_model::{Action, BlockState};
+    use std::collections::HashSet;
+    let mut blocks = 0;
+    let mut bytes = 0;
+    for tr in &snap.traces {
+        if tr.events.is_empty() {
+            continue;
+        }
+        let allocs: HashSet<u64> = tr.events.iter().filter(|e| e.action == Action::Alloc).map(|e| e.addr).collect();
+        for b in snap.segments.iter().filter(|s| s.device == tr.device).flat_map(|s| &s.blocks) {
+            if b.state == BlockState::Allocated && !allocs.contains(&b.address) {
+                blocks += 1;
+                bytes += b.size;
+            }
+        }
+    }
+    (blocks, bytes)
+}
+
+fn fmt_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
+}
+
+fn fmt_time(us: Option<i64>) -> String {
+    match us {
+        Some(t) => format!("{t} us"),
+        None => "-".into(),
+    }
+}
+
+fn summary_text(l: &Loaded) -> String {
+    let snap = &l.snapshot;
+    let totals = snap.device_totals();
+    let facts = snap.trace_facts();
+    let mut s = String::new();
+    let rule = "|===========================================================================|";
+    let thin = "|---------------------------------------------------------------------------|";
+    let _ = writeln!(s, "memsnap summary: {}", l.path.display());
+    let _ = writeln!(
+        s,
+        "file: {} bytes ({} compression, {} pickle bytes), pickle protocol {}, producer {}",
+        l.file_bytes,
+        l.compression.name(),
+        l.pickle_bytes,
+        snap.source.protocol,
+        snap.source.producer.name()
+    );
+    if totals.is_empty() {
+        let _ = writeln!(s, "no devices: the snapshot has no segments and no trace events");
+    }
+    for t in &totals {
+        let _ = writeln!(s, "{rule}");
+        let _ = writeln!(s, "|{:^75}|", format!("memsnap summary, device ID {}", t.device));
+        let _ = writeln!(s, "{rule}");
+        let _ = writeln!(s, "| {:<24}| {:>22} | {:>22} |", "Metric (at dump)", "bytes", "");
+        let _ = writeln!(s, "{thin}");
+        for (name, v) in [
+            ("Allocated memory", t.allocated_bytes),
+            ("Active memory", t.active_bytes),
+            ("Requested memory", t.requested_bytes),
+            ("GPU reserved memory", t.reserved_bytes),
+            ("Inactive (cached free)", t.inactive_bytes),
+            ("Inactive split bytes", t.inactive_split_bytes),
+            ("Largest free block", t.largest_free_block),
+        ] {
+            let _ = writeln!(s, "| {:<24}| {:>22} | {:>22} |", name, v, fmt_bytes(v));
+        }
+        let _ = writeln!(s, "{thin}");
+        let _ = writeln!(s, "| {:<24}| {:>22} | {:>22} |", "Segments by pool", "segments", "bytes");
+        for (name, c, b) in [
+            ("small (2 MiB)", t.pools.small_segments, t.pools.small_bytes),
+            ("large", t.pools.large_segments, t.pools.large_bytes),
+            ("private (CUDA graphs)", t.pools.private_segments, t.pools.private_bytes),
+            ("expandable", t.pools.expandable_segments, t.pools.expandable_bytes),
+        ] {
+            let _ = writeln!(s, "| {:<24}| {:>22} | {:>22} |", format!("  {name}"), c, fmt_bytes(b));
+        }
+        let _ = writeln!(s, "| {:<24}| {:>22} | {:>22} |", "  total", t.segment_count, fmt_bytes(t.reserved_bytes));
+        let _ = writeln!(s, "{thin}");
+        let _ = writeln!(s, "| {:<24}| {:>22} | {:>22} |", "Blocks by state", "blocks", "");
+        for (name, c) in [
+            ("active_allocated", t.blocks_allocated),
+            ("active_pending_free", t.blocks_pending_free),
+            ("inactive", t.blocks_inactive),
+            ("total", t.block_count),
+        ] {
+            let _ = writeln!(s, "| {:<24}| {:>22} | {:>22} |", format!("  {name}"), c, "");
+        }
+        let _ = writeln!(s, "{rule}");
+    }
+    let _ = writeln!(s, "\nTrace");
+    if facts.is_empty() {
+        let _ = writeln!(s, "  (none)");
+    }
+    for f in &facts {
+        let span = match (f.first_time_us, f.last_time_us) {
+            (Some(a), Some(b)) => format!("{:.3} s", (b - a) as f64 / 1e6),
+            _ => "-".into(),
+        };
+        let _ = writeln!(
+            s,
+            "  device {}: {} entries, span {}, first {} at {}, last {} at {}",
+            f.device,
+            f.entries,
+            span,
+            f.first_action.map_or("-", |a| a.name()),
+            fmt_time(f.first_time_us),
+            f.last_action.map_or("-", |a| a.name()),
+            fmt_time(f.last_time_us)
+        );
+        if !f.actions.is_empty() {
+            let parts: Vec<String> = f.actions.iter().map(|(a, c)| format!("{} {}", a.name(), c)).collect();
+            let _ = writeln!(s, "    {}", parts.join(", "));
+        }
+    }
+    let _ = writeln!(s, "\nAllocator settings");
+    if snap.settings.raw.is_empty() {
+        let _ = writeln!(s, "  (not in file)");
+    }
+    for (k, v) in &snap.settings.raw {
+        let v = if v.is_empty() { "''" } else { v.as_str() };
+        let _ = writeln!(s, "  {k}: {v}");
+    }
+    if !snap.annotations.is_empty() {
+        let _ = writeln!(s, "\nAnnotations: {} external annotation events", snap.annotations.len());
+    }
+    let lacks = lacks(snap);
+    let _ = writeln!(s, "\nCaveats");
+    if lacks.is_empty() {
+        let _ = writeln!(s, "  none: full trace with Python stacks");
+    }
+    for c in lacks {
+        let _ = writeln!(s, "  - {c}");
+    }
+    if !snap.source.unknown_keys.is_empty() || !snap.source.unknown_actions.is_empty() {
+        let _ = writeln!(s, "\nTolerated unknown content");
+        for (k, c) in &snap.source.unknown_keys {
+            let _ = writeln!(s, "  key {k}: {c}");
+        }
+        for (k, c) in &snap.source.unknown_actions {
+            let _ = writeln!(s, "  action {k}: {c}");
+        }
+    }
+    s
+}
+
+pub fn device_json(t: &DeviceTotals, f: Option<&TraceFacts>) -> Value {
+    json!({
+        "device": t.device,
+        "allocated_bytes": t.allocated_bytes,
+        "reserved_bytes": t.reserved_bytes,
+        "active_bytes": t.active_bytes,
+        "requested_bytes": t.requested_bytes,
+        "inactive_bytes": t.inactive_bytes,
+        "inactive_split_bytes": t.inactive_split_bytes,
+        "largest_free_block": t.largest_free_block,
+        "segment_count": t.segment_count,
+        "block_count": t.block_count,
+        "blocks_by_state": {
+            "active_allocated": t.blocks_allocated,
+            "active_pending_free": t.blocks_pending_free,
+            "inactive": t.blocks_inactive,
+        },
+        "segments_by_pool": {
+            "small": {"segments": t.pools.small_segments, "bytes": t.pools.small_bytes},
+            "large": {"segments": t.pools.large_segments, "bytes": t.pools.large_bytes},
+            "private": {"segments": t.pools.private_segments, "bytes": t.pools.private_bytes},
+            "expandable": {"segments": t.pools.expandable_segments, "bytes": t.pools.expandable_bytes},
+        },
+        "trace_entries": t.trace_entries,
+        "trace": f.map(|f| json!({
+            "entries": f.entries,
+            "first_time_us": f.first_time_us,
+            "last_time_us": f.last_time_us,
+            "first_action": f.first_action.map(|a| a.name()),
+            "last_action": f.last_action.map(|a| a.name()),
+            "actions": f.actions.iter().map(|(a, c)| (a.name().to_string(), json!(c))).collect::<serde_json::Map<_, _>>(),
+            "events_without_time": f.events_without_time,
+        })),
+    })
+}
+
+fn summary_json(l: &Loaded) -> Value {
+    let snap = &l.snapshot;
+    let facts = snap.trace_facts();
+    let devices: Vec<Value> =
+        snap.device_totals().iter().map(|t| device_json(t, facts.iter().find(|f| f.device == t.device))).collect();
+    json!({
+        "schema_version": 1,
+        "command": "summary",
+        // Only the file name: output must not depend on where the machine keeps the file.
+        "file": file_name(&l.path),
+        "pickle_bytes": l.pickle_bytes,
+        "pickle_protocol": snap.source.protocol,
+        "producer": snap.source.producer.name(),
+        "devices": devices,
+        "allocator_settings": snap.settings.raw,
+        "annotations": snap.annotations.len(),
+        "caveats": lacks(snap),
+        "unknown_keys": snap.source.unknown_keys,
+        "unknown_actions": snap.source.unknown_actions,
+    })
+}
+
+pub fn file_name(p: &std::path::Path) -> String {
+    if p.as_os_str() == "-" {
+        return "-".into();
+    }
+    p.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| p.display().to_string())
+}

@@ -1,0 +1,111 @@
+//! Reading an input path (or `-` for stdin) into bytes, decompressing gzip, zstd and xz by their
+//! magic bytes whatever the file is called.
+//!
+//! Plain files are memory-mapped so a multi-GB snapshot is never copied; the pickle reader
+//! borrows strings from the mapping. The mapping is only read, never written.
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::path::Path;
+
+use memmap2::Mmap;
+
+/// Bytes of one input, either mapped or owned (decompressed or read from stdin).
+pub enum InputBytes {
+    Mapped(Mmap),
+    Owned(Vec<u8>),
+}
+
+impl InputBytes {
+    pub fn as_slice(&self) -> &[u8] {
+        match self {
+            InputBytes::Mapped(m) => m,
+            InputBytes::Owned(v) => v,
+        }
+    }
+}
+
+/// The compression a file uses, detected from its first bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Compression {
+    None,
+    Gzip,
+    Zstd,
+    Xz,
+}
+
+impl Compression {
+    pub fn detect(head: &[u8]) -> Compression {
+        if head.starts_with(&[0x1f, 0x8b]) {
+            Compression::Gzip
+        } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+            Compression::Zstd
+        } else if head.starts_with(&[0xfd, b'7', b'z', b'X', b'Z', 0x00]) {
+            Compression::Xz
+        } else {
+            Compression::None
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Compression::None => "none",
+            Compression::Gzip => "gzip",
+            Compression::Zstd => "zstd",
+            Compression::Xz => "xz",
+        }
+    }
+}
+
+/// Upper bound on the decompressed size we accept, so a compression bomb cannot take all memory.
+/// Real snapshots reach a few GB; 64 GiB is far beyond any of them.
+pub const MAX_DECOMPRESSED: u64 = 64 << 30;
+
+/// Read `path` (or stdin for `-`), decompressing when needed.
+pub fn read_input(path: &Path) -> io::Result<(InputBytes, Compression)> {
+    let raw = if path.as_os_str() == "-" {
+        let mut v = Vec::new();
+        io::stdin().lock().read_to_end(&mut v)?;
+        InputBytes::Owned(v)
+    } else {
+        let file = File::open(path)?;
+        let meta = file.metadata()?;
+        if meta.is_dir() {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "is a directory"));
+        }
+        if meta.len() == 0 {
+            InputBytes::Owned(Vec::new())
+        } else {
+            // Memory-mapping a regular file: the mapping is read-only and we accept that a
+            // concurrent truncation by another process would fault, like every mmap reader.
+            #[allow(unsafe_code)]
+            let map = unsafe { Mmap::map(&file)? };
+            #[cfg(unix)]
+            {
+                let _ = map.advise(memmap2::Advice::Sequential);
+            }
+            InputBytes::Mapped(map)
+        }
+    };
+    let compression = Compression::detect(raw.as_slice());
+    if compression == Compression::None {
+        return Ok((raw, compression));
+    }
+    let data = raw.as_slice();
+    let mut out = Vec::new();
+    let limit = MAX_DECOMPRESSED + 1;
+    let res = match compression {
+        Compression::Gzip => flate2::read::MultiGzDecoder::new(data).take(limit).read_to_end(&mut out),
+        Compression::Zstd => zstd::stream::read::Decoder::new(data)?.take(limit).read_to_end(&mut out),
+        Compression::Xz => xz2::read::XzDecoder::new_multi_decoder(data).take(limit).read_to_end(&mut out),
+        Compression::None => unreachable!("handled above"),
+    };
+    res.map_err(|e| io::Error::new(e.kind(), format!("{} decompression failed: {e}", compression.name())))?;
+    if out.len() as u64 > MAX_DECOMPRESSED {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{} stream decompresses to more than {} bytes", compression.name(), MAX_DECOMPRESSED),
+        ));
+    }
+    Ok((InputBytes::Owned(out), compression))
+}
