@@ -17,6 +17,23 @@ pub enum InputBytes {
 }
 
 impl InputBytes {
+    /// Tell the kernel that mapped pages before `offset` are no longer needed, so a multi-GB
+    /// file read front to back does not stay resident (and count in our RSS) as a whole.
+    /// Pages are re-read from the file if touched again, so borrowed data stays valid.
+    pub fn release_before(&self, offset: usize) {
+        #[cfg(unix)]
+        if let InputBytes::Mapped(m) = self {
+            let page = 4096;
+            let end = offset / page * page;
+            if end > 0 {
+                // SAFETY-relevant: DONTNEED on a read-only private file mapping only drops clean
+                // page-cache references; contents are refetched from the file on access.
+                #[allow(unsafe_code)]
+                let _ = unsafe { m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, 0, end) };
+            }
+        }
+    }
+
     pub fn as_slice(&self) -> &[u8] {
         match self {
             InputBytes::Mapped(m) => m,

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use memsnap_model::{ReadError, Snapshot};
+use memsnap_model::{ReadError, ReadOptions, Snapshot};
 
 use crate::input::{read_input, Compression};
 
@@ -36,7 +36,9 @@ pub fn load(path: &Path) -> Result<Loaded, LoadError> {
     } else {
         std::fs::metadata(path).map(|m| m.len()).unwrap_or(data.len() as u64)
     };
-    let snapshot =
-        memsnap_model::read_snapshot(data).map_err(|source| LoadError::Read { path: shown.clone(), source })?;
+    let mut release = |offset: usize| bytes.release_before(offset);
+    let opts = ReadOptions { progress: Some(&mut release), progress_every: 32 << 20, ..ReadOptions::default() };
+    let snapshot = memsnap_model::read_snapshot_with(data, opts)
+        .map_err(|source| LoadError::Read { path: shown.clone(), source })?;
     Ok(Loaded { path: path.to_path_buf(), file_bytes, pickle_bytes: data.len() as u64, compression, snapshot })
 }

@@ -3,7 +3,9 @@
 //! Trace entries are converted while the pickle is read (see [`TraceCompactor`]): a 1 GB file
 //! holds 12 M of them, and as generic dicts they would take several times the file size.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap as HashMap;
 use std::fmt;
 
 use memsnap_pickle::{Compactor, Heap, Limits, ListStore, Parsed, PickleError, Progress, Value};
@@ -61,7 +63,12 @@ pub fn read_snapshot_with(data: &[u8], opts: ReadOptions<'_>) -> Result<Snapshot
             format!("not a pickle: first byte 0x{:02x} is not PROTO or a protocol-0 container{hint}", data[0]),
         ));
     }
-    let mut b = Builder::default();
+    // Reserve address space for the records from the input size (a trace entry takes at least
+    // ~36 pickle bytes); untouched capacity costs no memory and the vector never moves.
+    let mut b = Builder { events: Vec::with_capacity(data.len() / 36), ..Builder::default() };
+    // String 0 is always "" (see `StrId::EMPTY`).
+    b.intern("");
+    b.na_id = Some(StrId(b.intern("N/A")));
     let ReadOptions { limits, progress, progress_every } = opts;
     let parsed = {
         let progress = progress.map(|callback| Progress { every: progress_every, callback });
@@ -124,6 +131,10 @@ struct Builder {
     stack_ids: HashMap<Vec<FrameId>, u32>,
     /// heap string index → key code (u8::MAX = not yet decoded).
     key_cache: Vec<u8>,
+    /// heap string index → action.
+    action_cache: Vec<Option<Action>>,
+    /// Interned id of "N/A" (the `compile_context` of events outside torch.compile).
+    na_id: Option<StrId>,
     /// heap string index → interned string id.
     str_cache: Vec<u32>,
     /// heap list index → stack id (frames lists are shared through the memo).
@@ -213,6 +224,22 @@ impl Builder {
         StrId(self.str_cache[i])
     }
 
+    /// The action named by a heap string, decoded once per distinct string.
+    fn action(&mut self, heap: &Heap<'_>, s: u32) -> Action {
+        let i = s as usize;
+        if i >= self.action_cache.len() {
+            self.action_cache.resize(heap.strs.len().max(i + 1), None);
+        }
+        *self.action_cache[i].get_or_insert_with(|| Action::parse(heap.str(s)))
+    }
+
+    /// The cached key code of a heap string, if already decoded.
+    fn key_known(&self, k: Value) -> Option<Key> {
+        let Value::Str(s) = k else { return None };
+        let code = *self.key_cache.get(s as usize)?;
+        (code != u8::MAX).then(|| KEYS[code as usize])
+    }
+
     fn key(&mut self, heap: &Heap<'_>, k: Value) -> Key {
         let Value::Str(s) = k else { return Key::Other };
         let i = s as usize;
@@ -222,8 +249,12 @@ impl Builder {
         if self.key_cache[i] == u8::MAX {
             self.key_cache[i] = key_of(heap.str(s)) as u8;
         }
-        // Safe decode of the cached discriminant.
-        const KEYS: [Key; 14] = [
+        KEYS[self.key_cache[i] as usize]
+    }
+}
+
+/// Key codes in discriminant order, to decode the cache.
+const KEYS: [Key; 14] = [
             Key::Action,
             Key::Addr,
             Key::Size,
@@ -238,14 +269,14 @@ impl Builder {
             Key::Line,
             Key::Name,
             Key::Other,
-        ];
-        KEYS[self.key_cache[i] as usize]
-    }
+];
+
+impl Builder {
 
     fn text(&mut self, heap: &Heap<'_>, v: Value, key: &str) -> Result<StrId, FieldError> {
         match v {
             Value::Str(s) => Ok(self.heap_str_id(heap, s)),
-            Value::None => Ok(StrId(self.intern(""))),
+            Value::None => Ok(StrId::EMPTY),
             other => Err(FieldError::new(key, "str", &describe(heap, other))),
         }
     }
@@ -275,7 +306,7 @@ impl Builder {
                 _ => {}
             }
         }
-        let empty = StrId(self.intern(""));
+        let empty = StrId::EMPTY;
         let frame = Frame { filename: filename.unwrap_or(empty), line, name: name.unwrap_or(empty) };
         if !self.has_cpp_frames {
             let f = &self.strings[frame.filename.0 as usize];
@@ -304,11 +335,20 @@ impl Builder {
             other => return Err(FieldError::new("frames", "list of frames", &describe(heap, other))),
         };
         if let Some(id) = list_id {
+            if let ListStore::Frozen(token) = heap.list(id) {
+                return Ok(StackId(*token));
+            }
+        }
+        let n = heap.seq_len(v).unwrap_or(0);
+        if n == 0 {
+            // Frameless events each bring a fresh empty list: nothing to cache.
+            return Ok(StackId::EMPTY);
+        }
+        if let Some(id) = list_id {
             if let Some(&s) = self.stack_cache.get(&id) {
                 return Ok(s);
             }
         }
-        let n = heap.seq_len(v).unwrap_or(0);
         let mut frames = Vec::with_capacity(n.min(4096));
         for i in 0..n {
             let f = heap.seq_get(v, i).unwrap_or(Value::None);
@@ -341,7 +381,7 @@ impl Builder {
 
     /// Convert one trace-entry dict. Unknown keys are returned for counting on success.
     fn event(&mut self, heap: &Heap<'_>, d: u32, unknown: &mut Vec<u32>) -> Result<TraceEvent, FieldError> {
-        let empty = StrId(self.intern(""));
+        let empty = StrId::EMPTY;
         let mut ev = TraceEvent {
             addr: 0,
             size: 0,
@@ -360,10 +400,9 @@ impl Builder {
                     let Value::Str(s) = v else {
                         return Err(FieldError::new("action", "str", &describe(heap, v)));
                     };
-                    let name = heap.str(s);
-                    ev.action = Action::parse(name);
+                    ev.action = self.action(heap, s);
                     if ev.action == Action::Other {
-                        *self.unknown_actions.entry(name.to_string()).or_default() += 1;
+                        *self.unknown_actions.entry(heap.str(s).to_string()).or_default() += 1;
                     }
                     action_seen = true;
                 }
@@ -378,7 +417,7 @@ impl Builder {
                 }
                 Key::CompileContext => {
                     let s = self.text(heap, v, "compile_context")?;
-                    ev.compile_context = if self.strings[s.0 as usize] == "N/A" { empty } else { s };
+                    ev.compile_context = if Some(s) == self.na_id { empty } else { s };
                 }
                 Key::UserMetadata => ev.user_metadata = self.text(heap, v, "user_metadata")?,
                 Key::DeviceFree => device_free = Some(as_u64(heap, v, "device_free")?),
@@ -454,7 +493,7 @@ impl Builder {
 }
 
 impl Compactor for Builder {
-    fn compact(&mut self, heap: &Heap<'_>, dict: u32) -> Option<u32> {
+    fn compact(&mut self, heap: &Heap<'_>, dict: u32, freeze: &mut Vec<(u32, u32)>) -> Option<u32> {
         // Only trace entries: dicts with a string `action`. Everything else (frames, blocks,
         // segments) stays generic. Any type problem leaves the dict generic too, so the
         // converter reports it with its full key path.
@@ -465,6 +504,14 @@ impl Compactor for Builder {
         }
         let mut unknown = Vec::new();
         let ev = self.event(heap, dict, &mut unknown).ok()?;
+        // The event's `frames` list is now a stack id; freeze it (its token is the stack id)
+        // so its elements can be dropped.
+        if let Some(Value::List(l)) = heap.dict_get_where(dict, |k| self.key_known(k) == Some(Key::Frames)) {
+            if matches!(heap.list(l), ListStore::Values(v) if !v.is_empty()) {
+                freeze.push((l, ev.stack.0));
+                self.stack_cache.remove(&l);
+            }
+        }
         Some(self.commit_event(heap, ev, &unknown))
     }
 }
@@ -546,6 +593,9 @@ impl Converter<'_, '_, '_> {
                         runs.push((*start as usize, *len as usize, dev));
                         None
                     }
+                    ListStore::Frozen(_) => {
+                        return Err(shape(&path, "expected a list of trace entries, found a frames list"));
+                    }
                     ListStore::Values(vals) => {
                         let mut evs = Vec::with_capacity(vals.len());
                         for (j, &item) in vals.iter().enumerate() {
@@ -581,6 +631,7 @@ impl Converter<'_, '_, '_> {
             let evs = if start == 0 {
                 let mut v = std::mem::take(&mut all);
                 v.truncate(len);
+                v.shrink_to_fit();
                 v
             } else if start <= all.len() {
                 let mut tail = all.split_off(start);

@@ -6,6 +6,11 @@ use std::collections::BTreeMap;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct StrId(pub u32);
 
+impl StrId {
+    /// The empty string: always string 0.
+    pub const EMPTY: StrId = StrId(0);
+}
+
 /// Index of an interned frame in [`Snapshot::frames`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FrameId(pub u32);

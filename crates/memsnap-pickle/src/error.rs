@@ -21,6 +21,8 @@ pub enum ErrorKind {
     BadText(&'static str),
     WrongType { expected: &'static str, found: &'static str },
     TooDeep(usize),
+    /// An append to a list that a compactor had already absorbed into a record.
+    FrozenList,
     LimitExceeded(&'static str),
 }
 
@@ -53,6 +55,7 @@ impl fmt::Display for ErrorKind {
             ErrorKind::IntTooLarge { bytes } => write!(f, "integer of {bytes} bytes is wider than 128 bits"),
             ErrorKind::BadText(what) => write!(f, "malformed text argument of {what}"),
             ErrorKind::WrongType { expected, found } => write!(f, "expected a {expected} on the stack, found {found}"),
+            ErrorKind::FrozenList => write!(f, "append to a frames list after a trace entry used it (not a snapshot)"),
             ErrorKind::TooDeep(n) => write!(f, "nesting deeper than {n} levels"),
             ErrorKind::LimitExceeded(what) => write!(f, "too many {what}"),
         }

@@ -2,6 +2,8 @@
 
 use std::borrow::Cow;
 
+use thin_vec::ThinVec;
+
 /// A pickle value. Containers and strings live in the [`Heap`] and are referred to by index, so
 /// an object the pickle shares through its memo is stored once, however often it is referenced:
 /// the result is a DAG, never an expanded tree.
@@ -46,13 +48,15 @@ impl Value {
 /// millions of compacted entries costs nothing per element).
 #[derive(Clone, Debug)]
 pub enum ListStore {
-    Values(Vec<Value>),
+    Values(ThinVec<Value>),
     Records { start: u32, len: u32 },
+    /// A list a compactor absorbed (its elements are gone); the token is the compactor's own.
+    Frozen(u32),
 }
 
 impl Default for ListStore {
     fn default() -> Self {
-        ListStore::Values(Vec::new())
+        ListStore::Values(ThinVec::new())
     }
 }
 
@@ -61,6 +65,7 @@ impl ListStore {
         match self {
             ListStore::Values(v) => v.len(),
             ListStore::Records { len, .. } => *len as usize,
+            ListStore::Frozen(_) => 0,
         }
     }
     pub fn is_empty(&self) -> bool {
@@ -72,6 +77,7 @@ impl ListStore {
             ListStore::Records { start, len } => {
                 (i < *len as usize).then(|| Value::Record(start + i as u32))
             }
+            ListStore::Frozen(_) => None,
         }
     }
     pub(crate) fn push(&mut self, v: Value) {
@@ -81,11 +87,12 @@ impl ListStore {
             }
             (ListStore::Records { start, len }, Value::Record(r)) if *start + *len == r => *len += 1,
             (ListStore::Records { start, len }, _) => {
-                let mut vals: Vec<Value> = (*start..*start + *len).map(Value::Record).collect();
+                let mut vals: ThinVec<Value> = (*start..*start + *len).map(Value::Record).collect();
                 vals.push(v);
                 *self = ListStore::Values(vals);
             }
             (ListStore::Values(vals), _) => vals.push(v),
+            (ListStore::Frozen(_), _) => unreachable!("the VM refuses appends to frozen lists"),
         }
     }
 }
@@ -148,6 +155,11 @@ impl<'a> Heap<'a> {
             .rev()
             .find(|(k, _)| matches!(k, Value::Str(s) if self.str(*s) == key))
             .map(|(_, v)| *v)
+    }
+
+    /// The value of the last item whose key satisfies `pred`.
+    pub fn dict_get_where(&self, dict: u32, mut pred: impl FnMut(Value) -> bool) -> Option<Value> {
+        self.dict(dict).iter().rev().find(|(k, _)| pred(*k)).map(|(_, v)| *v)
     }
 
     /// The value as a string, if it is one.

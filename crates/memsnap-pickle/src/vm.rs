@@ -16,15 +16,20 @@ use crate::value::{Heap, ListStore, Value, DICT_SHARED, DICT_UNMEMOIZED};
 /// `compact` is offered every dict at the moment it is appended to a list, if nothing else can
 /// reach it (it was memoized at most once and never fetched back). Returning `Some(id)` replaces
 /// the dict everywhere (list and memo) with `Value::Record(id)` and recycles its storage.
+///
+/// A compactor may also freeze lists the record has absorbed (a trace entry's `frames` list) by
+/// pushing `(list, token)` to `freeze`: the list's elements are dropped and the list reads as
+/// [`ListStore::Frozen`] from then on; appending to it later is an error. Real snapshots build
+/// a fresh `frames` list per event, so this is what keeps millions of them from costing memory.
 pub trait Compactor {
-    fn compact(&mut self, heap: &Heap<'_>, dict: u32) -> Option<u32>;
+    fn compact(&mut self, heap: &Heap<'_>, dict: u32, freeze: &mut Vec<(u32, u32)>) -> Option<u32>;
 }
 
 /// A compactor that never compacts.
 pub struct NoCompaction;
 
 impl Compactor for NoCompaction {
-    fn compact(&mut self, _heap: &Heap<'_>, _dict: u32) -> Option<u32> {
+    fn compact(&mut self, _heap: &Heap<'_>, _dict: u32, _freeze: &mut Vec<(u32, u32)>) -> Option<u32> {
         None
     }
 }
@@ -87,8 +92,13 @@ pub fn parse<'a>(
         heap: Heap::default(),
         stack: Vec::with_capacity(1024),
         marks: Vec::new(),
-        memo: Vec::new(),
+        // Capacity reserved from the input size is address space, not memory: pages are only
+        // touched as the memo fills, and the vector never has to be copied while it grows.
+        memo: Vec::with_capacity(data.len() / 16),
         sparse_memo: HashMap::new(),
+        memo_scalars: Vec::new(),
+        short_strs: vec![(u32::MAX, 0); SHORT_STR_SLOTS],
+        freeze: Vec::new(),
         memo_count: 0,
         stats: Stats::default(),
         limits,
@@ -104,8 +114,16 @@ struct Vm<'a, 'l> {
     heap: Heap<'a>,
     stack: Vec<Value>,
     marks: Vec<usize>,
-    memo: Vec<Option<Value>>,
-    sparse_memo: HashMap<u32, Value>,
+    /// The memo as 4-byte handles (see [`Handle`]): a 1 GB snapshot memoizes tens of millions
+    /// of objects, so a slot must be small.
+    memo: Vec<u32>,
+    sparse_memo: HashMap<u32, u32>,
+    /// Memoized values that are not heap objects (ints, floats, None, bools, bytes).
+    memo_scalars: Vec<Value>,
+    /// Direct-mapped cache of short strings already in the heap: strings are immutable, so equal
+    /// short strings (the `'N/A'` that every trace entry writes anew) can share one heap entry.
+    short_strs: Vec<(u32, u32)>,
+    freeze: Vec<(u32, u32)>,
     /// Number of distinct memo entries (what `MEMOIZE` uses as the next index).
     memo_count: u64,
     stats: Stats,
@@ -192,6 +210,16 @@ impl<'a> Vm<'a, '_> {
     }
 
     fn push_str_bytes(&mut self, b: &'a [u8]) {
+        if b.len() <= SHORT_STR_MAX {
+            let slot = short_hash(b) & (SHORT_STR_SLOTS - 1);
+            let (id, _) = self.short_strs[slot];
+            if id != u32::MAX && self.heap.strs[id as usize].as_bytes() == b {
+                self.stack.push(Value::Str(id));
+                return;
+            }
+            let id = self.heap.strs.len() as u32;
+            self.short_strs[slot] = (id, 0);
+        }
         let s = match std::str::from_utf8(b) {
             Ok(s) => Cow::Borrowed(s),
             Err(_) => Cow::Owned(String::from_utf8_lossy(b).into_owned()),
@@ -241,30 +269,67 @@ impl<'a> Vm<'a, '_> {
         Ok(())
     }
 
+    fn encode(&mut self, v: Value) -> Result<u32, PickleError> {
+        let (kind, idx) = match v {
+            Value::Str(i) => (H_STR, i),
+            Value::List(i) => (H_LIST, i),
+            Value::Tuple(i) => (H_TUPLE, i),
+            Value::Dict(i) => (H_DICT, i),
+            Value::Set(i) => (H_SET, i),
+            Value::Record(i) => (H_RECORD, i),
+            other => {
+                self.memo_scalars.push(other);
+                (H_SCALAR, (self.memo_scalars.len() - 1) as u32)
+            }
+        };
+        if idx > H_INDEX_MASK {
+            return Err(self.err(ErrorKind::LimitExceeded("objects (more than 2^29 of one kind)")));
+        }
+        Ok((kind << 29) | idx)
+    }
+
+    fn decode(&self, h: u32) -> Option<Value> {
+        let idx = h & H_INDEX_MASK;
+        Some(match h >> 29 {
+            H_STR => Value::Str(idx),
+            H_LIST => Value::List(idx),
+            H_TUPLE => Value::Tuple(idx),
+            H_DICT => Value::Dict(idx),
+            H_SET => Value::Set(idx),
+            H_RECORD => Value::Record(idx),
+            H_SCALAR => *self.memo_scalars.get(idx as usize)?,
+            _ => return None,
+        })
+    }
+
     fn memo_put(&mut self, idx: u64) -> Result<(), PickleError> {
         let v = self.top()?;
         if let Value::Dict(d) = v {
             let m = &mut self.heap.dict_memo[d as usize];
             *m = if *m == DICT_UNMEMOIZED && idx < DICT_SHARED as u64 { idx as u32 } else { DICT_SHARED };
         }
+        let h = self.encode(v)?;
         let dense = self.memo.len() as u64;
         if idx < dense {
-            if self.memo[idx as usize].is_none() {
+            if self.memo[idx as usize] == H_EMPTY {
                 self.memo_count += 1;
             }
-            self.memo[idx as usize] = Some(v);
+            self.memo[idx as usize] = h;
         } else if idx == dense {
-            self.memo.push(Some(v));
+            if idx >= H_EMPTY as u64 {
+                return Err(self.err(ErrorKind::BadMemoKey(idx)));
+            }
+            self.memo.push(h);
             self.memo_count += 1;
         } else {
             // A sparse index: kept in a map so a huge index cannot size an allocation.
-            if idx > u32::MAX as u64 {
+            if idx >= H_EMPTY as u64 {
                 return Err(self.err(ErrorKind::BadMemoKey(idx)));
             }
             if self.sparse_memo.len() >= self.limits.max_sparse_memo {
                 return Err(self.err(ErrorKind::LimitExceeded("sparse memo entries")));
             }
-            if self.sparse_memo.insert(idx as u32, v).is_none() {
+            if self.sparse_memo.insert(idx as u32, h).is_none() {
                 self.memo_count += 1;
             }
         }
@@ -272,14 +337,14 @@ impl<'a> Vm<'a, '_> {
     }
 
     fn memo_get(&mut self, idx: u64) -> Result<(), PickleError> {
-        let v = if (idx as usize) < self.memo.len() {
+        let h = if (idx as usize) < self.memo.len() {
             self.memo[idx as usize]
-        } else if idx <= u32::MAX as u64 {
-            self.sparse_memo.get(&(idx as u32)).copied()
+        } else if idx < H_EMPTY as u64 {
+            self.sparse_memo.get(&(idx as u32)).copied().unwrap_or(H_EMPTY)
         } else {
-            None
+            H_EMPTY
         };
-        let v = v.ok_or_else(|| self.err(ErrorKind::BadMemoKey(idx)))?;
+        let v = self.decode(h).ok_or_else(|| self.err(ErrorKind::BadMemoKey(idx)))?;
         if let Value::Dict(d) = v {
             self.heap.dict_memo[d as usize] = DICT_SHARED;
         }
@@ -287,12 +352,14 @@ impl<'a> Vm<'a, '_> {
         Ok(())
     }
 
-    fn replace_in_memo(&mut self, slot: u32, v: Value) {
+    fn replace_in_memo(&mut self, slot: u32, v: Value) -> Result<(), PickleError> {
+        let h = self.encode(v)?;
         if let Some(m) = self.memo.get_mut(slot as usize) {
-            *m = Some(v);
+            *m = h;
         } else if let Some(m) = self.sparse_memo.get_mut(&slot) {
-            *m = v;
+            *m = h;
         }
+        Ok(())
     }
 
     fn append_items(&mut self, list: Value, from: usize, compactor: &mut dyn Compactor) -> Result<(), PickleError> {
@@ -308,10 +375,16 @@ impl<'a> Vm<'a, '_> {
             if let (true, Value::Dict(d)) = (compactable, v) {
                 let memo = self.heap.dict_memo[d as usize];
                 if memo != DICT_SHARED {
-                    if let Some(rec) = compactor.compact(&self.heap, d) {
+                    self.freeze.clear();
+                    if let Some(rec) = compactor.compact(&self.heap, d, &mut self.freeze) {
+                        for &(list, token) in &self.freeze {
+                            if let Some(l) = self.heap.lists.get_mut(list as usize) {
+                                *l = ListStore::Frozen(token);
+                            }
+                        }
                         v = Value::Record(rec);
                         if memo != DICT_UNMEMOIZED {
-                            self.replace_in_memo(memo, v);
+                            self.replace_in_memo(memo, v)?;
                         }
                         let items = &mut self.heap.dicts[d as usize];
                         items.clear();
@@ -321,6 +394,9 @@ impl<'a> Vm<'a, '_> {
                         self.heap.free_dicts.push(d);
                     }
                 }
+            }
+            if matches!(self.heap.lists[id as usize], ListStore::Frozen(_)) {
+                return Err(self.err(ErrorKind::FrozenList));
             }
             self.heap.lists[id as usize].push(v);
         }
@@ -346,7 +422,7 @@ impl<'a> Vm<'a, '_> {
     }
 
     fn new_list(&mut self, items: Vec<Value>) -> Value {
-        self.heap.lists.push(ListStore::Values(items));
+        self.heap.lists.push(ListStore::Values(items.into()));
         Value::List((self.heap.lists.len() - 1) as u32)
     }
 
@@ -608,7 +684,7 @@ impl<'a> Vm<'a, '_> {
                     // FROZENSET
                     let m = self.pop_mark()?;
                     let items = self.stack.split_off(m);
-                    self.heap.lists.push(ListStore::Values(items));
+                    self.heap.lists.push(ListStore::Values(items.into()));
                     self.stack.push(Value::Set((self.heap.lists.len() - 1) as u32));
                 }
                 b'a' => {
@@ -694,6 +770,30 @@ impl<'a> Vm<'a, '_> {
             }
         }
     }
+}
+
+/// Handle kinds in the top 3 bits of a memo slot; the low 29 bits index the heap table.
+const H_STR: u32 = 0;
+const H_LIST: u32 = 1;
+const H_TUPLE: u32 = 2;
+const H_DICT: u32 = 3;
+const H_SET: u32 = 4;
+const H_RECORD: u32 = 5;
+const H_SCALAR: u32 = 6;
+const H_INDEX_MASK: u32 = (1 << 29) - 1;
+/// An unused memo slot.
+const H_EMPTY: u32 = u32::MAX;
+
+const SHORT_STR_MAX: usize = 48;
+const SHORT_STR_SLOTS: usize = 4096;
+
+/// FNV-1a over a short string, for the dedupe cache.
+fn short_hash(b: &[u8]) -> usize {
+    let mut h: u32 = 0x811c_9dc5;
+    for &x in b {
+        h = (h ^ x as u32).wrapping_mul(0x0100_0193);
+    }
+    h as usize
 }
 
 fn parse_text_int(l: &[u8]) -> Option<i128> {

@@ -1,0 +1,296 @@
+//! What a replay produces: plain data with public fields.
+
+use std::fmt;
+
+use memsnap_model::{BlockState, SegmentType, StackId};
+
+/// The four counters PyTorch keeps, in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Totals {
+    /// `memory_allocated()`: blocks handed to the program (drops at `free_requested`).
+    pub allocated: u64,
+    /// `memory_reserved()`: segment bytes (mapped bytes for expandable segments).
+    pub reserved: u64,
+    /// `active_bytes`: allocated blocks plus blocks pending free (drops at `free_completed`).
+    pub active: u64,
+    /// `requested_bytes`: what the program asked for, over active blocks.
+    pub requested: u64,
+}
+
+/// The counters after each trace event, one column per counter (index = event index).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Series {
+    /// The counters before the first event (the reconstructed start state).
+    pub start: Totals,
+    pub allocated: Vec<u64>,
+    pub reserved: Vec<u64>,
+    pub active: Vec<u64>,
+    pub requested: Vec<u64>,
+}
+
+impl Series {
+    pub fn len(&self) -> usize {
+        self.allocated.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.allocated.is_empty()
+    }
+
+    /// The counters after event `index`, or before the first event when `None`.
+    pub fn after(&self, index: Option<usize>) -> Totals {
+        match index {
+            None => self.start,
+            Some(i) => Totals {
+                allocated: self.allocated[i],
+                reserved: self.reserved[i],
+                active: self.active[i],
+                requested: self.requested[i],
+            },
+        }
+    }
+}
+
+/// The highest value of one counter: its first occurrence.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Peak {
+    pub value: u64,
+    /// Event after which the value was first reached; `None` when it held at the start.
+    pub event_index: Option<usize>,
+    /// `time_us` of that event, when the event has one.
+    pub time_us: Option<i64>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Peaks {
+    pub allocated: Peak,
+    pub reserved: Peak,
+    pub active: Peak,
+    pub requested: Peak,
+}
+
+/// One block, from its allocation to its free. Blocks that existed before the trace began have
+/// no `alloc_event`; blocks alive at dump have no `free_completed_event`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockLifetime {
+    pub address: u64,
+    /// Block size: the rounded request, or the whole cached block when it was not split.
+    pub size: u64,
+    pub requested_size: u64,
+    pub alloc_event: Option<u32>,
+    pub free_requested_event: Option<u32>,
+    pub free_completed_event: Option<u32>,
+    /// The program freed the block before the trace began; it was still pending (used by
+    /// another stream) at the start.
+    pub pending_at_start: bool,
+    /// Allocation stack; empty for blocks allocated before the trace unless still alive at dump.
+    pub stack: StackId,
+}
+
+impl BlockLifetime {
+    /// The block's state after event `index` (`None`: before the first event), or `None` when
+    /// it did not exist then.
+    pub fn state_after(&self, index: Option<u32>) -> Option<BlockState> {
+        let reached = |event: Option<u32>| match (event, index) {
+            (None, _) => false,
+            (Some(_), None) => false,
+            (Some(e), Some(i)) => e <= i,
+        };
+        let born = match (self.alloc_event, index) {
+            (None, _) => true,
+            (Some(_), None) => false,
+            (Some(a), Some(i)) => a <= i,
+        };
+        if !born || reached(self.free_completed_event) {
+            None
+        } else if self.pending_at_start || reached(self.free_requested_event) {
+            Some(BlockState::PendingFree)
+        } else {
+            Some(BlockState::Allocated)
+        }
+    }
+}
+
+/// Reserved memory over time: a segment (`cudaMalloc`), or for expandable segments one mapped
+/// range (`segment_map`). Contiguous mapped ranges of one expandable segment form one segment
+/// at any moment, as in the snapshot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegmentLifetime {
+    pub address: u64,
+    pub size: u64,
+    pub stream: u64,
+    /// CUDA-graph private pool; `(0, 0)` for the default pools or when the file does not say.
+    pub pool_id: (u64, u64),
+    pub segment_type: SegmentType,
+    pub is_expandable: bool,
+    /// `segment_alloc`/`segment_map` event; `None` when reserved before the trace began.
+    pub created_event: Option<u32>,
+    /// `segment_free`/`segment_unmap` event; `None` when still reserved at dump.
+    pub released_event: Option<u32>,
+}
+
+impl SegmentLifetime {
+    /// Whether the memory was reserved after event `index` (`None`: before the first event).
+    pub fn live_after(&self, index: Option<u32>) -> bool {
+        let born = match (self.created_event, index) {
+            (None, _) => true,
+            (Some(_), None) => false,
+            (Some(c), Some(i)) => c <= i,
+        };
+        let gone = match (self.released_event, index) {
+            (Some(r), Some(i)) => r <= i,
+            _ => false,
+        };
+        born && !gone
+    }
+}
+
+/// A block that existed before the trace began and was freed during it: the trace gives only its
+/// requested size, and whether the allocator rounded it or handed out a whole cached block
+/// cannot always be told. The replay assumes `size_assumed` (the rounded size).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UncertainBlock {
+    pub address: u64,
+    pub requested_size: u64,
+    pub size_assumed: u64,
+    /// The largest size consistent with the allocator's rules and the rest of the trace.
+    pub size_max: u64,
+}
+
+/// How the layout before the first event was reconstructed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StartState {
+    /// Nothing was reserved before the first event: the trace covers the process's allocator
+    /// history, and every byte of the replay is derived from events.
+    pub trace_complete: bool,
+    /// Segments (or expandable mapped ranges) that existed before the first event.
+    pub segments: usize,
+    /// Active blocks (allocated or pending free) that existed before the first event.
+    pub blocks: usize,
+    /// Blocks whose size at the start is not determined by the trace; see [`UncertainBlock`].
+    pub uncertain_blocks: Vec<UncertainBlock>,
+    /// Sum over uncertain blocks of `size_max - size_assumed`: how far allocated bytes before
+    /// their free may be under-counted.
+    pub uncertain_bytes: u64,
+}
+
+/// The result of comparing the replayed layout after the last event with the snapshot's own
+/// `segments`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SelfCheck {
+    pub matches_snapshot: bool,
+    /// Total number of differences found.
+    pub mismatch_count: usize,
+    /// The first few differences, by address.
+    pub mismatches: Vec<Mismatch>,
+}
+
+/// One difference between the replayed final layout and the snapshot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Mismatch {
+    /// A segment in the snapshot that the replay does not have, or has with another size.
+    Segment { address: u64, snapshot_size: Option<u64>, replayed_size: Option<u64> },
+    /// A block that differs in size or state, or exists on one side only.
+    Block {
+        address: u64,
+        snapshot: Option<(u64, BlockState)>,
+        replayed: Option<(u64, BlockState)>,
+    },
+}
+
+impl fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fn side<T: fmt::Debug>(v: &Option<T>) -> String {
+            v.as_ref().map_or_else(|| "absent".to_string(), |v| format!("{v:?}"))
+        }
+        match self {
+            Mismatch::Segment { address, snapshot_size, replayed_size } => write!(
+                f,
+                "segment {address:#x}: snapshot {}, replay {}",
+                side(snapshot_size),
+                side(replayed_size)
+            ),
+            Mismatch::Block { address, snapshot, replayed } => {
+                write!(f, "block {address:#x}: snapshot {}, replay {}", side(snapshot), side(replayed))
+            }
+        }
+    }
+}
+
+/// Something in the trace the allocator could not have done; the replay carries on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Diagnostic {
+    /// Event index, or `None` for the start-state reconstruction.
+    pub event_index: Option<usize>,
+    pub address: u64,
+    pub kind: DiagnosticKind,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DiagnosticKind {
+    /// An address that lies in no segment at that moment.
+    OutsideSegments,
+    /// `alloc` where no free block starts.
+    AllocOverlaps,
+    /// `free_requested`/`free_completed` of a block that is not allocated / pending there.
+    UnknownFree,
+    /// `segment_free` of a segment that is not wholly free, or not known.
+    SegmentNotFree,
+    /// `segment_alloc`/`segment_map` over memory already reserved.
+    SegmentOverlaps,
+    /// `segment_unmap` of memory that is not one free block.
+    UnmapNotFree,
+    /// The final segment table and the trace disagree about the start (e.g. a block alive at
+    /// dump that overlaps another, or lies outside every segment).
+    StartConflict,
+}
+
+impl fmt::Display for Diagnostic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = match self.kind {
+            DiagnosticKind::OutsideSegments => "address outside every segment",
+            DiagnosticKind::AllocOverlaps => "alloc where no free block starts",
+            DiagnosticKind::UnknownFree => "free of a block that is not allocated",
+            DiagnosticKind::SegmentNotFree => "segment_free of a segment that is not wholly free",
+            DiagnosticKind::SegmentOverlaps => "segment over memory already reserved",
+            DiagnosticKind::UnmapNotFree => "segment_unmap of memory that is not free",
+            DiagnosticKind::StartConflict => "final segment table conflicts with the trace",
+        };
+        match self.event_index {
+            Some(i) => write!(f, "event {i}: {what} ({:#x})", self.address),
+            None => write!(f, "start: {what} ({:#x})", self.address),
+        }
+    }
+}
+
+/// Everything replayed for one device.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DeviceReplay {
+    pub device: u32,
+    /// Number of trace events (the length of every series column).
+    pub event_count: usize,
+    pub series: Series,
+    pub peaks: Peaks,
+    pub start: StartState,
+    pub check: SelfCheck,
+    /// Every block that existed during the trace: blocks from before the trace first (by
+    /// address), then in allocation order.
+    pub blocks: Vec<BlockLifetime>,
+    /// Every segment / mapped range, ordered by address then creation.
+    pub segments: Vec<SegmentLifetime>,
+    /// The first few diagnostics, in event order.
+    pub diagnostics: Vec<Diagnostic>,
+    pub diagnostic_count: usize,
+}
+
+/// The replay of a whole snapshot, one entry per device (ascending).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Replay {
+    pub devices: Vec<DeviceReplay>,
+}
+
+impl Replay {
+    pub fn device(&self, device: u32) -> Option<&DeviceReplay> {
+        self.devices.iter().find(|d| d.device == device)
+    }
+}

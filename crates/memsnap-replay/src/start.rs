@@ -1,0 +1,271 @@
+//! The layout before the first event, for traces that begin mid-run (the trace is a ring
+//! buffer). The final segment table is walked back over the trace: segment and block events
+//! are undone, and what remains existed before the trace began.
+
+use std::collections::BTreeMap;
+
+use memsnap_model::{Action, BlockState, Segment, SegmentType, StackId, TraceEvent};
+
+use crate::layout::AddrMap;
+use crate::output::{Diagnostic, DiagnosticKind, UncertainBlock};
+use crate::rules::Rules;
+
+/// Where a segment came from, for display: the snapshot's own record when the segment is still
+/// there at dump, otherwise what the trace says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Meta {
+    pub stream: u64,
+    pub pool_id: (u64, u64),
+    pub segment_type: SegmentType,
+}
+
+impl Meta {
+    pub fn of_segment(s: &Segment) -> Meta {
+        Meta { stream: s.stream, pool_id: s.pool_id, segment_type: s.segment_type }
+    }
+
+    /// What a segment event tells: the stream, and the pool from the size (small-pool
+    /// segments are 2 MiB, and no large-pool segment is).
+    pub fn of_event(e: &TraceEvent) -> Meta {
+        let segment_type = if e.size == 2 << 20 { SegmentType::Small } else { SegmentType::Large };
+        Meta { stream: e.stream, pool_id: (0, 0), segment_type }
+    }
+}
+
+/// Memory reserved before the first event.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Reserved {
+    pub start: u64,
+    pub end: u64,
+    pub expandable: bool,
+    pub meta: Meta,
+}
+
+/// Walk the segment events back from the final segment table: undo `segment_alloc` and
+/// `segment_map`, re-create what `segment_free` and `segment_unmap` released. Contiguous mapped
+/// memory of expandable segments is kept as one range.
+pub(crate) fn reserved_at_start(
+    finals: &[&Segment],
+    events: &[TraceEvent],
+    segment_events: &[u32],
+    diagnostics: &mut Vec<Diagnostic>,
+) -> Vec<Reserved> {
+    let mut ranges: BTreeMap<u64, Reserved> = BTreeMap::new();
+    for s in finals {
+        let r = Reserved { start: s.address, end: s.address + s.total_size, expandable: s.is_expandable, meta: Meta::of_segment(s) };
+        ranges.insert(s.address, r);
+    }
+    let mut conflict = |i: u32, addr: u64| {
+        diagnostics.push(Diagnostic { event_index: Some(i as usize), address: addr, kind: DiagnosticKind::StartConflict });
+    };
+    for &i in segment_events.iter().rev() {
+        let e = &events[i as usize];
+        let (start, end) = (e.addr, e.addr.saturating_add(e.size));
+        match e.action {
+            Action::SegmentAlloc => match ranges.get(&start) {
+                Some(r) if !r.expandable && r.end == end => {
+                    ranges.remove(&start);
+                }
+                _ => conflict(i, start),
+            },
+            Action::SegmentFree => {
+                if overlapping(&ranges, start, end) {
+                    conflict(i, start);
+                } else {
+                    ranges.insert(start, Reserved { start, end, expandable: false, meta: Meta::of_event(e) });
+                }
+            }
+            Action::SegmentMap => {
+                let holder = ranges.range(..=start).next_back().map(|(_, r)| *r);
+                match holder {
+                    Some(r) if r.expandable && r.end >= end => {
+                        ranges.remove(&r.start);
+                        if r.start < start {
+                            ranges.insert(r.start, Reserved { end: start, ..r });
+                        }
+                        if end < r.end {
+                            ranges.insert(end, Reserved { start: end, ..r });
+                        }
+                    }
+                    _ => conflict(i, start),
+                }
+            }
+            Action::SegmentUnmap => {
+                if overlapping(&ranges, start, end) {
+                    conflict(i, start);
+                    continue;
+                }
+                let mut merged = Reserved { start, end, expandable: true, meta: Meta::of_event(e) };
+                if let Some(before) = ranges.range(..start).next_back().map(|(_, r)| *r) {
+                    if before.expandable && before.end == start {
+                        ranges.remove(&before.start);
+                        merged.start = before.start;
+                        merged.meta = before.meta;
+                    }
+                }
+                if let Some(after) = ranges.get(&end).copied() {
+                    if after.expandable {
+                        ranges.remove(&end);
+                        merged.end = after.end;
+                        merged.meta = after.meta;
+                    }
+                }
+                ranges.insert(merged.start, merged);
+            }
+            _ => {}
+        }
+    }
+    ranges.into_values().collect()
+}
+
+fn overlapping(ranges: &BTreeMap<u64, Reserved>, start: u64, end: u64) -> bool {
+    ranges.range(..end).next_back().is_some_and(|(_, r)| r.end > start)
+}
+
+/// A block active before the first event.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StartBlock {
+    pub address: u64,
+    pub size: u64,
+    pub requested_size: u64,
+    pub pending: bool,
+    pub stack: StackId,
+}
+
+/// The possible sizes of a block at the start; the replay assumes `min`.
+struct Bound {
+    address: u64,
+    min: u64,
+    max: u64,
+    /// Index in the sorted list of blocks found.
+    found: usize,
+}
+
+/// What one unit held before the first event.
+#[derive(Default)]
+pub(crate) struct UnitStart {
+    pub blocks: Vec<StartBlock>,
+    pub uncertain: Vec<UncertainBlock>,
+}
+
+/// Known so far about a block active at the start, while walking back.
+struct Pending {
+    /// Exact size when the block is still in the final table.
+    size: Option<u64>,
+    requested_size: u64,
+    pending: bool,
+    stack: StackId,
+    /// Event that made it free (`free_completed`), when freed during the trace.
+    freed_at: u32,
+}
+
+/// The active blocks before the first event of one unit: the unit's blocks at dump, walked
+/// back over its events (undo each `alloc`, re-create each freed block). Sizes of blocks freed
+/// during the trace are not in it; they are bounded by the allocator's rules, the next block,
+/// and any allocation that landed after them before their free.
+pub(crate) fn blocks_at_start(
+    ranges: &[(u64, u64)],
+    finals: &[&Segment],
+    events: &[TraceEvent],
+    unit_events: &[u32],
+    rules: &Rules,
+    diagnostics: &mut Vec<Diagnostic>,
+) -> UnitStart {
+    let mut active: AddrMap<Pending> = AddrMap::default();
+    for b in finals.iter().flat_map(|s| &s.blocks) {
+        if b.state != BlockState::Inactive {
+            let p = Pending {
+                size: Some(b.size),
+                requested_size: b.requested_size,
+                pending: b.state == BlockState::PendingFree,
+                stack: b.stack,
+                freed_at: u32::MAX,
+            };
+            active.insert(b.address, p);
+        }
+    }
+    let mut conflict = |i: Option<u32>, addr: u64| {
+        diagnostics.push(Diagnostic { event_index: i.map(|i| i as usize), address: addr, kind: DiagnosticKind::StartConflict });
+    };
+    for &i in unit_events.iter().rev() {
+        let e = &events[i as usize];
+        match e.action {
+            Action::Alloc => {
+                if active.remove(&e.addr).is_none() {
+                    conflict(Some(i), e.addr);
+                }
+            }
+            Action::FreeCompleted => {
+                let p = Pending { size: None, requested_size: e.size, pending: true, stack: StackId::EMPTY, freed_at: i };
+                if active.insert(e.addr, p).is_some() {
+                    conflict(Some(i), e.addr);
+                }
+            }
+            Action::FreeRequested => match active.get_mut(&e.addr) {
+                Some(p) => p.pending = false,
+                None => conflict(Some(i), e.addr),
+            },
+            _ => {}
+        }
+    }
+
+    let mut found: Vec<(u64, Pending)> = active.into_iter().collect();
+    found.sort_unstable_by_key(|(a, _)| *a);
+    // Bounds for each block: at least the rounded request; at most what the rules allow to be
+    // handed out whole, and never past the next block or the end of its range.
+    let mut bounds: Vec<Bound> = Vec::with_capacity(found.len());
+    for (k, (addr, p)) in found.iter().enumerate() {
+        let Some(&(_, range_end)) = ranges.iter().find(|(s, e)| s <= addr && addr < e) else {
+            conflict(None, *addr);
+            continue;
+        };
+        let limit = found.get(k + 1).map_or(range_end, |(next, _)| (*next).min(range_end)) - addr;
+        let (min, max) = match p.size {
+            Some(size) => (size, size),
+            None => {
+                let rounded = rules.round_size(p.requested_size);
+                (rounded, rules.max_whole_block(rounded))
+            }
+        };
+        if min > limit {
+            conflict(None, *addr);
+        }
+        let min = min.min(limit);
+        bounds.push(Bound { address: *addr, min, max: max.min(limit).max(min), found: k });
+    }
+    // An allocation inside a block's possible extent, made before the block was freed, ends it.
+    if bounds.iter().any(|b| b.min < b.max) {
+        for &i in unit_events {
+            let e = &events[i as usize];
+            if e.action != Action::Alloc {
+                continue;
+            }
+            let k = bounds.partition_point(|b| b.address < e.addr);
+            if let Some(b) = k.checked_sub(1).map(|k| &mut bounds[k]) {
+                if i < found[b.found].1.freed_at && e.addr < b.address + b.max {
+                    b.max = (e.addr - b.address).max(b.min);
+                }
+            }
+        }
+    }
+    let mut out = UnitStart::default();
+    for b in &bounds {
+        let p = &found[b.found].1;
+        if b.max > b.min {
+            out.uncertain.push(UncertainBlock {
+                address: b.address,
+                requested_size: p.requested_size,
+                size_assumed: b.min,
+                size_max: b.max,
+            });
+        }
+        out.blocks.push(StartBlock {
+            address: b.address,
+            size: b.min,
+            requested_size: p.requested_size,
+            pending: p.pending,
+            stack: p.stack,
+        });
+    }
+    out
+}
