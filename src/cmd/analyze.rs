@@ -1,13 +1,293 @@
-//! `memsnap analyze` (being written).
+//! `memsnap analyze FILE [--json]`: replay the trace exactly, then name the suspects. Text output
+//! puts the verdict first, then peak attribution by site and category, then caveats.
 
+use std::fmt::Write as _;
+use std::path::PathBuf;
 use std::process::ExitCode;
+
+use memsnap_analysis::{Analysis, Category, Moment, Site, Suspect};
+use memsnap_replay::Replay;
+use serde_json::{json, Value};
+
+use crate::cmd::emit;
+use crate::cmd::summary::{file_name, lacks};
+use crate::load::{load, Loaded};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Snapshot file (`-` for stdin).
-    pub file: std::path::PathBuf,
+    /// Snapshot file (`-` for stdin); gzip, zstd and xz are detected by content.
+    pub file: PathBuf,
+    /// Machine-readable output (see docs/json.md).
+    #[arg(long)]
+    pub json: bool,
+    /// Sites listed per moment in the text output.
+    #[arg(long, default_value_t = 10)]
+    pub top: usize,
 }
 
-pub fn run(_args: &Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`analyze` is not available in this build yet")
+/// Everything the analysis commands share: the loaded file, its replay and its analysis.
+pub struct Analyzed {
+    pub loaded: Loaded,
+    pub replay: Replay,
+    pub analysis: Analysis,
+}
+
+pub fn analyze_file(path: &std::path::Path) -> Result<Analyzed, crate::load::LoadError> {
+    let loaded = load(path)?;
+    let replay = memsnap_replay::replay(&loaded.snapshot);
+    let analysis = memsnap_analysis::analyze(&loaded.snapshot, &replay);
+    Ok(Analyzed { loaded, replay, analysis })
+}
+
+pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    let a = analyze_file(&args.file)?;
+    let out = if args.json {
+        let mut s = serde_json::to_string_pretty(&analysis_json(&a))?;
+        s.push('\n');
+        s
+    } else {
+        analysis_text(&a, args.top)
+    };
+    emit(&out)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+
+fn fmt_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
+}
+
+fn site_json(s: &Site) -> Value {
+    json!({"filename": s.filename, "line": s.line, "function": s.function})
+}
+
+pub fn suspect_json(s: &Suspect) -> Value {
+    json!({
+        "kind": s.kind.name(),
+        "confidence": (s.confidence * 100.0).round() / 100.0,
+        "device": s.device,
+        "bytes": s.bytes,
+        "bytes_at_peak": s.bytes_at_peak,
+        "growth_bytes_per_iteration": s.growth_bytes_per_iteration,
+        "site": s.site.as_ref().map(site_json),
+        "stack": s.stack.iter().map(site_json).collect::<Vec<_>>(),
+        "evidence": s.evidence,
+        "advice": s.advice,
+    })
+}
+
+fn moment_json(m: &Moment, top: usize) -> Value {
+    let mut sites: Vec<Value> = m
+        .by_site
+        .iter()
+        .take(top)
+        .map(|s| json!({"label": s.label, "site": s.site.as_ref().map(site_json), "bytes": s.bytes, "blocks": s.blocks}))
+        .collect();
+    if m.by_site.len() > top {
+        let rest = &m.by_site[top..];
+        sites.push(json!({
+            "label": format!("{} other sites", rest.len()),
+            "site": null,
+            "bytes": rest.iter().map(|s| s.bytes).sum::<u64>(),
+            "blocks": rest.iter().map(|s| s.blocks).sum::<u64>(),
+        }));
+    }
+    let mut cats = serde_json::Map::new();
+    for (c, b) in &m.by_category {
+        cats.insert(c.name().to_string(), json!(b));
+    }
+    cats.insert("cached_free".into(), json!(m.cached_free));
+    json!({
+        "event_index": m.event_index,
+        "time_us": m.time_us,
+        "allocated_bytes": m.allocated,
+        "reserved_bytes": m.reserved,
+        "by_site": sites,
+        "by_category": cats,
+    })
+}
+
+pub fn analysis_json(a: &Analyzed) -> Value {
+    let snap = &a.loaded.snapshot;
+    let totals = snap.device_totals();
+    let devices: Vec<Value> = a
+        .analysis
+        .devices
+        .iter()
+        .map(|da| {
+            let r = a.replay.device(da.device);
+            let t = totals.iter().find(|t| t.device == da.device);
+            let peaks = r.map(|r| r.peaks).unwrap_or_default();
+            json!({
+                "device": da.device,
+                "allocated_bytes": t.map_or(0, |t| t.allocated_bytes),
+                "reserved_bytes": t.map_or(0, |t| t.reserved_bytes),
+                "trace_entries": t.map_or(0, |t| t.trace_entries),
+                "peak_allocated_bytes": peaks.allocated.value,
+                "peak_reserved_bytes": peaks.reserved.value,
+                "peak_active_bytes": peaks.active.value,
+                "peak_requested_bytes": peaks.requested.value,
+                "peak_time_us": peaks.allocated.time_us,
+                "peak_event_index": peaks.allocated.event_index,
+                "peak_reserved_time_us": peaks.reserved.time_us,
+                "replay_matches_snapshot": r.is_some_and(|r| r.check.matches_snapshot),
+                "replay_mismatches": r.map_or(0, |r| r.check.mismatch_count),
+                "replay_diagnostics": r.map_or(0, |r| r.diagnostic_count),
+                "trace_complete": r.is_some_and(|r| r.start.trace_complete),
+                "uncertain_bytes_at_start": r.map_or(0, |r| r.start.uncertain_bytes),
+                "phases": {
+                    "iterations": da.phases.iterations,
+                    "iteration_source": format!("{:?}", da.phases.iteration_source).to_lowercase(),
+                    "iteration_site": da.phases.iteration_site.as_ref().map(site_json),
+                    "iteration_annotation": da.phases.iteration_annotation,
+                    "backward_passes": da.phases.backward_passes,
+                    "forward_passes": da.phases.forward_passes,
+                    "evaluation_windows": da.phases.eval_windows.len(),
+                    "optimizer_steps": da.phases.optimizer_steps,
+                },
+                "peak": moment_json(&da.peak, memsnap_analysis::TOP_SITES),
+                "end": moment_json(&da.end, memsnap_analysis::TOP_SITES),
+                "suspects": da.suspects.iter().map(suspect_json).collect::<Vec<_>>(),
+                "caveats": da.caveats,
+            })
+        })
+        .collect();
+    json!({
+        "schema_version": 1,
+        "command": "analyze",
+        "file": file_name(&a.loaded.path),
+        "pickle_bytes": a.loaded.pickle_bytes,
+        "pickle_protocol": snap.source.protocol,
+        "producer": snap.source.producer.name(),
+        "devices": devices,
+        "suspects": a.analysis.suspects().into_iter().map(suspect_json).collect::<Vec<_>>(),
+        "caveats": lacks(snap),
+    })
+}
+
+fn analysis_text(a: &Analyzed, top: usize) -> String {
+    let snap = &a.loaded.snapshot;
+    let mut s = String::new();
+    let _ = writeln!(s, "memsnap analyze: {}", a.loaded.path.display());
+    let suspects = a.analysis.suspects();
+    let _ = writeln!(s, "\nVERDICT");
+    if suspects.is_empty() {
+        let _ = writeln!(s, "  No suspects: no leak, fragmentation or OOM found.");
+    }
+    for (i, sp) in suspects.iter().enumerate() {
+        let site = sp.site.as_ref().map_or("(no user frame)".to_string(), |x| format!("{}:{} in {}", x.filename, x.line, x.function));
+        let growth = sp.growth_bytes_per_iteration.map_or(String::new(), |g| format!(", +{}/iteration", fmt_bytes(g)));
+        let _ = writeln!(
+            s,
+            "  {}. {} (confidence {:.2}, device {}) {}{}\n     at {}",
+            i + 1,
+            sp.kind.name(),
+            sp.confidence,
+            sp.device,
+            fmt_bytes(sp.bytes),
+            growth,
+            site
+        );
+        let _ = writeln!(s, "     evidence: {}", sp.evidence);
+        let _ = writeln!(s, "     fix: {}", sp.advice);
+    }
+    for da in &a.analysis.devices {
+        let r = a.replay.device(da.device);
+        let _ = writeln!(s, "\nDEVICE {}", da.device);
+        if let Some(r) = r {
+            let pk = r.peaks.allocated;
+            let _ = writeln!(
+                s,
+                "  peak allocated {} ({} bytes) at event {}{}; peak reserved {} ({} bytes)",
+                fmt_bytes(pk.value),
+                pk.value,
+                pk.event_index.map_or("-".into(), |i| i.to_string()),
+                pk.time_us.map_or(String::new(), |t| format!(", time {t} us")),
+                fmt_bytes(r.peaks.reserved.value),
+                r.peaks.reserved.value
+            );
+            let _ = writeln!(
+                s,
+                "  replay matches snapshot: {}; trace complete: {}; uncertain bytes at start: {}",
+                if r.check.matches_snapshot { "yes" } else { "NO" },
+                if r.start.trace_complete { "yes" } else { "no" },
+                r.start.uncertain_bytes
+            );
+        }
+        let p = &da.phases;
+        let _ = writeln!(
+            s,
+            "  phases: {} iterations ({}), {} backward passes, {} forward passes, {} evaluation windows, {} optimizer steps",
+            p.iterations,
+            match (&p.iteration_site, &p.iteration_annotation) {
+                (Some(site), _) => format!("by {:?} at {}", p.iteration_source, site.short()).to_lowercase(),
+                (None, Some(n)) => format!("by annotation {n:?}"),
+                _ => "none found".into(),
+            },
+            p.backward_passes,
+            p.forward_passes,
+            p.eval_windows.len(),
+            p.optimizer_steps
+        );
+        for (title, m) in [("at peak", &da.peak), ("at end", &da.end)] {
+            let _ = writeln!(s, "\n  Allocated {} by site ({} allocated, {} reserved):", title, fmt_bytes(m.allocated), fmt_bytes(m.reserved));
+            for site in m.by_site.iter().take(top) {
+                let _ = writeln!(s, "    {:>12}  {:>6} blocks  {}", fmt_bytes(site.bytes), site.blocks, site.label);
+            }
+            if m.by_site.len() > top {
+                let rest = &m.by_site[top..];
+                let _ = writeln!(
+                    s,
+                    "    {:>12}  {:>6} blocks  ({} more sites)",
+                    fmt_bytes(rest.iter().map(|x| x.bytes).sum()),
+                    rest.iter().map(|x| x.blocks).sum::<u64>(),
+                    rest.len()
+                );
+            }
+            let cats: Vec<String> = m
+                .by_category
+                .iter()
+                .filter(|(_, b)| *b > 0)
+                .map(|(c, b)| format!("{} {}", category_title(*c), fmt_bytes(*b)))
+                .chain(std::iter::once(format!("cached free {}", fmt_bytes(m.cached_free))))
+                .collect();
+            let _ = writeln!(s, "  By category {}: {}", title, cats.join(", "));
+        }
+        if !da.caveats.is_empty() {
+            let _ = writeln!(s, "\n  Caveats:");
+            for c in &da.caveats {
+                let _ = writeln!(s, "    - {c}");
+            }
+        }
+    }
+    let file_caveats = lacks(snap);
+    if !file_caveats.is_empty() {
+        let _ = writeln!(s, "\nFILE CAVEATS");
+        for c in file_caveats {
+            let _ = writeln!(s, "  - {c}");
+        }
+    }
+    s
+}
+
+pub fn category_title(c: Category) -> &'static str {
+    match c {
+        Category::PreTrace => "pre-trace (parameters, buffers)",
+        Category::Gradients => "gradients",
+        Category::OptimizerState => "optimizer state",
+        Category::Activations => "activations",
+        Category::Temporaries => "temporaries",
+        Category::Other => "other long-lived",
+    }
 }

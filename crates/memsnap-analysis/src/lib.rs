@@ -1,1 +1,223 @@
-//! memsnap-analysis
+//! Names the suspects of a memory snapshot: which line of the user's code holds memory, and why.
+//!
+//! Built on the exact replay ([`memsnap_replay`]): every block's lifetime is attributed to the
+//! user's frame that allocated it (frameless backward allocations to the `.backward()` line
+//! that launched them), phases are found from the trace alone (iterations, forward, backward,
+//! optimizer, evaluation), and detectors look for what separates a leak from a high-water mark:
+//! bytes from one site that are still alive after iteration after iteration.
+//!
+//! Results are plain data (no IO, no serialization); [`analyze`] never fails on odd data — what
+//! it cannot know becomes a caveat.
+
+mod attribution;
+mod detectors;
+mod graph;
+mod phases;
+mod stacks;
+
+use std::collections::BTreeMap;
+
+use memsnap_model::{BlockState, Snapshot, StackId};
+use memsnap_replay::{DeviceReplay, Replay};
+use rayon::prelude::*;
+
+pub use attribution::{attr_label, attribute, categorize, Attr, Category, Site};
+pub use detectors::{Suspect, SuspectKind};
+pub use graph::{frame_label, short_path, LiveBlock, MemoryGraph, Node, AUTOGRAD, NO_FRAMES, PRE_TRACE};
+pub use phases::{find_phases, Backward, ForwardPass, IterationSource, Phases, Span};
+pub use stacks::{StackInfo, StackTable};
+
+/// Bytes held by one attribution at a moment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SiteBytes {
+    pub attr: Attr,
+    pub label: String,
+    /// The user's frame (`None` for pre-trace, frameless or library-only memory).
+    pub site: Option<Site>,
+    pub bytes: u64,
+    pub blocks: u64,
+}
+
+/// What was allocated at one moment, and by whom.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Moment {
+    /// Event index after which the moment is taken (`None`: before the first event).
+    pub event_index: Option<u32>,
+    pub time_us: Option<i64>,
+    pub allocated: u64,
+    pub reserved: u64,
+    /// Sorted by bytes (descending), then label.
+    pub by_site: Vec<SiteBytes>,
+    /// Bytes per category, in [`Category::ALL`] order; `cached_free` is reserved − allocated.
+    pub by_category: Vec<(Category, u64)>,
+    pub cached_free: u64,
+}
+
+/// Phase facts for the report.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PhaseSummary {
+    pub iterations: usize,
+    pub iteration_source: IterationSource,
+    pub iteration_site: Option<Site>,
+    pub iteration_annotation: Option<String>,
+    /// Event index where each iteration starts.
+    pub iteration_starts: Vec<u32>,
+    pub backward_passes: usize,
+    pub forward_passes: usize,
+    pub eval_windows: Vec<Span>,
+    pub optimizer_steps: usize,
+}
+
+/// Analysis of one device.
+pub struct DeviceAnalysis {
+    pub device: u32,
+    pub suspects: Vec<Suspect>,
+    pub peak: Moment,
+    pub end: Moment,
+    pub phases: PhaseSummary,
+    pub caveats: Vec<String>,
+    /// Live blocks at the peak, attributed (for flamegraphs and the report).
+    pub peak_blocks: Vec<LiveBlock>,
+    pub end_blocks: Vec<LiveBlock>,
+    /// Facts about every stack, to label frames.
+    pub stacks_user_frames: usize,
+}
+
+pub struct Analysis {
+    pub devices: Vec<DeviceAnalysis>,
+    pub stacks: StackTable,
+}
+
+impl Analysis {
+    /// Every suspect of every device, ranked.
+    pub fn suspects(&self) -> Vec<&Suspect> {
+        let mut v: Vec<&Suspect> = self.devices.iter().flat_map(|d| d.suspects.iter()).collect();
+        v.sort_by(|a, b| detectors::rank(a, b));
+        v
+    }
+}
+
+/// How many sites a moment lists before grouping the rest.
+pub const TOP_SITES: usize = 25;
+
+/// Analyse every device of a snapshot with its replay.
+pub fn analyze(snap: &Snapshot, replay: &Replay) -> Analysis {
+    let stacks = StackTable::new(snap);
+    let devices = replay.devices.par_iter().map(|d| analyze_device(snap, &stacks, d)).collect();
+    Analysis { devices, stacks }
+}
+
+/// Blocks allocated (not pending) after event `t` (`None`: at the start).
+fn live_at(d: &DeviceReplay, t: Option<u32>) -> impl Iterator<Item = &memsnap_replay::BlockLifetime> {
+    d.blocks.iter().filter(move |b| b.state_after(t) == Some(BlockState::Allocated))
+}
+
+/// The moment after event `t`: bytes by site and category.
+pub fn moment(snap: &Snapshot, stacks: &StackTable, phases: &Phases, d: &DeviceReplay, t: Option<u32>) -> (Moment, Vec<LiveBlock>) {
+    let events = snap.trace(d.device).map_or(&[][..], |tr| &tr.events[..]);
+    let totals = d.series.after(t.map(|i| i as usize));
+    let mut by_attr: BTreeMap<Attr, (u64, u64)> = BTreeMap::new();
+    let mut by_cat: BTreeMap<Category, u64> = BTreeMap::new();
+    let mut live = Vec::new();
+    for b in live_at(d, t) {
+        let (attr, stack) = attribute(events, phases, stacks, b);
+        let e = by_attr.entry(attr).or_default();
+        e.0 += b.size;
+        e.1 += 1;
+        *by_cat.entry(categorize(events, phases, stacks, b, attr)).or_default() += b.size;
+        live.push(LiveBlock { address: b.address, size: b.size, attr, stack });
+    }
+    let mut by_site: Vec<SiteBytes> = by_attr
+        .into_iter()
+        .map(|(attr, (bytes, blocks))| SiteBytes {
+            attr,
+            label: attr_label(snap, attr),
+            site: match attr {
+                Attr::Site(f) | Attr::Backward(Some(f)) => Some(Site::of(snap, f)),
+                _ => None,
+            },
+            bytes,
+            blocks,
+        })
+        .collect();
+    by_site.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.label.cmp(&b.label)));
+    live.sort_by_key(|b| b.address);
+    let m = Moment {
+        event_index: t,
+        time_us: t.and_then(|i| events.get(i as usize)).filter(|e| e.has_time()).map(|e| e.time_us),
+        allocated: totals.allocated,
+        reserved: totals.reserved,
+        by_site,
+        by_category: Category::ALL.iter().map(|c| (*c, by_cat.get(c).copied().unwrap_or(0))).collect(),
+        cached_free: totals.reserved.saturating_sub(totals.allocated),
+    };
+    (m, live)
+}
+
+fn analyze_device(snap: &Snapshot, stacks: &StackTable, d: &DeviceReplay) -> DeviceAnalysis {
+    let events = snap.trace(d.device).map_or(&[][..], |tr| &tr.events[..]);
+    let annotations: Vec<_> = snap.annotations.iter().filter(|a| a.device == d.device).cloned().collect();
+    let phases = find_phases(events, stacks, &annotations);
+    let peak_t = d.peaks.allocated.event_index.map(|i| i as u32);
+    let end_t = if events.is_empty() { None } else { Some(events.len() as u32 - 1) };
+    let (peak, peak_blocks) = moment(snap, stacks, &phases, d, peak_t);
+    let (end, end_blocks) = if events.is_empty() {
+        (peak.clone(), peak_blocks.clone())
+    } else {
+        moment(snap, stacks, &phases, d, end_t)
+    };
+    let mut caveats = Vec::new();
+    if events.is_empty() {
+        caveats.push("no trace for this device: only the dump-time state is known, no leak can be measured".to_string());
+    } else {
+        if !d.start.trace_complete {
+            caveats.push(format!(
+                "trace starts mid-run: {} blocks existed before the first event ({} bytes of their sizes are uncertain); they have no allocation stack",
+                d.start.blocks, d.start.uncertain_bytes
+            ));
+        }
+        let framed = events.iter().filter(|e| e.stack != StackId::EMPTY).count();
+        if framed == 0 {
+            caveats.push("no stacks recorded: allocations cannot be attributed to lines of code".to_string());
+        }
+        if phases.boundaries.len() < 2 {
+            caveats.push("no repeating iterations found (no repeated backward or forward call): growth per iteration cannot be measured".to_string());
+        }
+        let backward_bytes: u64 = peak.by_site.iter().filter(|s| matches!(s.attr, Attr::Backward(_))).map(|s| s.bytes).sum();
+        if backward_bytes > 0 {
+            caveats.push(format!(
+                "{backward_bytes} bytes at the peak were allocated by the autograd engine without Python frames; they are attributed to the .backward() line that launched them"
+            ));
+        }
+        if !d.check.matches_snapshot {
+            caveats.push(format!(
+                "replay does not reproduce the dump-time segment table ({} differences): totals over time may be approximate",
+                d.check.mismatch_count
+            ));
+        }
+    }
+    let suspects = detectors::detect(snap, stacks, &phases, d, events, &end);
+    let phase_summary = PhaseSummary {
+        iterations: phases.iteration_count(),
+        iteration_source: phases.iteration_source,
+        iteration_site: phases.iteration_line.map(|f| Site::of(snap, f)),
+        iteration_annotation: phases.iteration_annotation.clone(),
+        iteration_starts: phases.boundaries.clone(),
+        backward_passes: phases.backwards.len(),
+        forward_passes: phases.forwards.len(),
+        eval_windows: phases.eval_windows.clone(),
+        optimizer_steps: phases.optimizer_steps.len(),
+    };
+    let stacks_user_frames = stacks.frame_kinds.iter().filter(|k| **k == memsnap_model::FrameKind::User).count();
+    DeviceAnalysis {
+        device: d.device,
+        suspects,
+        peak,
+        end,
+        phases: phase_summary,
+        caveats,
+        peak_blocks,
+        end_blocks,
+        stacks_user_frames,
+    }
+}

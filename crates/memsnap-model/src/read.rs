@@ -139,6 +139,8 @@ struct Builder {
     str_cache: Vec<u32>,
     /// heap list index → stack id (frames lists are shared through the memo).
     stack_cache: HashMap<u32, StackId>,
+    /// heap tuple index → stack id, for producers that write `frames` as tuples.
+    tuple_stack_cache: HashMap<u32, StackId>,
     /// heap dict index → frame id. Frame dicts are never compacted, so indexes are stable.
     frame_cache: HashMap<u32, FrameId>,
     events: Vec<TraceEvent>,
@@ -349,6 +351,11 @@ impl Builder {
                 return Ok(s);
             }
         }
+        if let Value::Tuple(id) = v {
+            if let Some(&s) = self.tuple_stack_cache.get(&id) {
+                return Ok(s);
+            }
+        }
         let mut frames = Vec::with_capacity(n.min(4096));
         for i in 0..n {
             let f = heap.seq_get(v, i).unwrap_or(Value::None);
@@ -361,6 +368,9 @@ impl Builder {
         let sid = self.intern_stack(frames);
         if let Some(id) = list_id {
             self.stack_cache.insert(id, sid);
+        }
+        if let Value::Tuple(id) = v {
+            self.tuple_stack_cache.insert(id, sid);
         }
         Ok(sid)
     }
@@ -465,7 +475,8 @@ impl Builder {
         } else {
             Producer::Other
         };
-        let mut conv = Converter { b: &mut self, heap: &heap, source: &mut snap.source };
+        let budget = stats.opcodes.saturating_mul(2).saturating_add(1 << 16);
+        let mut conv = Converter { b: &mut self, heap: &heap, source: &mut snap.source, budget };
         match root {
             Value::Dict(d) => conv.top_dict(d, &mut snap.segments, &mut snap.traces, &mut snap.settings, &mut snap.annotations)?,
             Value::List(_) => {
@@ -520,6 +531,11 @@ struct Converter<'b, 'h, 'a> {
     b: &'b mut Builder,
     heap: &'h Heap<'a>,
     source: &'b mut SourceInfo,
+    /// Items (dict entries, list elements, events) the conversion may still visit. The heap is
+    /// a DAG: a crafted file can reference one list of K blocks from K segments in O(K) bytes,
+    /// and expanding it would take O(K²) time and memory. A file written by torch never shares
+    /// these objects, so visiting more items than twice its opcodes means a crafted file.
+    budget: u64,
 }
 
 impl Converter<'_, '_, '_> {
@@ -527,7 +543,25 @@ impl Converter<'_, '_, '_> {
         *self.source.unknown_keys.entry(pattern).or_default() += 1;
     }
 
-    fn dict_items(&self, v: Value, path: &str) -> Result<Vec<(String, Value)>, ReadError> {
+    /// Count `n` visited items against [`Converter::budget`].
+    fn charge(&mut self, n: usize, path: &str) -> Result<(), ReadError> {
+        match self.budget.checked_sub(n as u64) {
+            Some(left) => {
+                self.budget = left;
+                Ok(())
+            }
+            None => Err(shape(
+                path,
+                "objects shared too many times: reading would expand them beyond twice the pickle's \
+                 opcode count (a crafted file, not a snapshot written by torch)",
+            )),
+        }
+    }
+
+    fn dict_items(&mut self, v: Value, path: &str) -> Result<Vec<(String, Value)>, ReadError> {
+        if let Value::Dict(d) = v {
+            self.charge(self.heap.dict(d).len(), path)?;
+        }
         match v {
             Value::Dict(d) => Ok(self
                 .heap
@@ -561,7 +595,14 @@ impl Converter<'_, '_, '_> {
         settings: &mut AllocatorSettings,
         annotations: &mut Vec<Annotation>,
     ) -> Result<(), ReadError> {
-        for (key, v) in self.dict_items(Value::Dict(d), "$")? {
+        let mut items = self.dict_items(Value::Dict(d), "$")?;
+        // A key given twice: the last value wins, as when Python loads the dict (and a trace
+        // list is converted only once).
+        let mut seen = std::collections::HashSet::new();
+        items.reverse();
+        items.retain(|(k, _)| seen.insert(k.clone()));
+        items.reverse();
+        for (key, v) in items {
             match key.as_str() {
                 "segments" => *segments = self.segments(v, "segments")?,
                 "device_traces" => {
@@ -599,6 +640,7 @@ impl Converter<'_, '_, '_> {
                     ListStore::Values(vals) => {
                         let mut evs = Vec::with_capacity(vals.len());
                         for (j, &item) in vals.iter().enumerate() {
+                            self.charge(1, &path)?;
                             evs.push(self.event_value(item, &format!("{path}[{j}]"))?);
                         }
                         Some(evs)
@@ -609,6 +651,7 @@ impl Converter<'_, '_, '_> {
                     let m = self.seq(other, &path)?;
                     let mut evs = Vec::with_capacity(m.min(1 << 20));
                     for j in 0..m {
+                        self.charge(1, &path)?;
                         let item = self.heap.seq_get(other, j).unwrap_or(Value::None);
                         evs.push(self.event_value(item, &format!("{path}[{j}]"))?);
                     }
@@ -621,10 +664,11 @@ impl Converter<'_, '_, '_> {
         // tails; the run that starts at 0 (the usual single-device case) is moved whole.
         let mut all = std::mem::take(&mut self.b.events);
         runs.sort_by(|a, b| b.0.cmp(&a.0).then(a.2.cmp(&b.2)));
-        let mut taken: Vec<(usize, usize, usize)> = Vec::new();
+        let mut taken: HashMap<(usize, usize), usize> = HashMap::default();
         for &(start, len, dev) in &runs {
-            if let Some(&(_, _, first)) = taken.iter().find(|t| t.0 == start && t.1 == len) {
+            if let Some(&first) = taken.get(&(start, len)) {
                 // The same list object listed twice (memo-shared): copy the first one.
+                self.charge(len, &format!("device_traces[{dev}]"))?;
                 built[dev] = built[first].clone();
                 continue;
             }
@@ -640,7 +684,7 @@ impl Converter<'_, '_, '_> {
             } else {
                 Vec::new()
             };
-            taken.push((start, len, dev));
+            taken.insert((start, len), dev);
             built[dev] = Some(evs);
         }
         Ok(built
@@ -652,8 +696,14 @@ impl Converter<'_, '_, '_> {
 
     fn event_value(&mut self, item: Value, path: &str) -> Result<TraceEvent, ReadError> {
         match item {
-            Value::Record(r) => Ok(self.b.events[r as usize]),
+            Value::Record(r) => self
+                .b
+                .events
+                .get(r as usize)
+                .copied()
+                .ok_or_else(|| shape(path, "trace entry already used by another list (not a snapshot)")),
             Value::Dict(d) => {
+                self.charge(self.heap.dict(d).len(), path)?;
                 let mut unknown = Vec::new();
                 let ev = self.b.event(self.heap, d, &mut unknown);
                 let ev = field(ev, path)?;
@@ -673,6 +723,7 @@ impl Converter<'_, '_, '_> {
         let n = self.seq(v, path)?;
         let mut out = Vec::with_capacity(n.min(1 << 16));
         for i in 0..n {
+            self.charge(1, path)?;
             let s = self.heap.seq_get(v, i).unwrap_or(Value::None);
             out.push(self.segment(s, &format!("{path}[{i}]"))?);
         }
@@ -739,7 +790,7 @@ impl Converter<'_, '_, '_> {
                         other => return Err(shape(kp, format!("expected bool, found {}", describe(heap, other)))),
                     }
                 }
-                "frames" => seg.stack = field(self.b.stack(heap, val), &kp)?,
+                "frames" => seg.stack = field(self.b.stack(heap, val), path)?,
                 "blocks" => blocks_v = Some(val),
                 other => self.unknown(format!("segments[].{other}")),
             }
@@ -748,6 +799,7 @@ impl Converter<'_, '_, '_> {
             let n = self.seq(bv, &format!("{path}.blocks"))?;
             let mut cursor = seg.address;
             for j in 0..n {
+                self.charge(1, path)?;
                 let bp = format!("{path}.blocks[{j}]");
                 let item = heap.seq_get(bv, j).unwrap_or(Value::None);
                 let blk = self.block(item, &bp, cursor)?;
@@ -806,7 +858,7 @@ impl Converter<'_, '_, '_> {
                         None => return Err(shape(kp, format!("expected str, found {}", describe(heap, val)))),
                     }
                 }
-                "frames" => blk.stack = field(self.b.stack(heap, val), &kp)?,
+                "frames" => blk.stack = field(self.b.stack(heap, val), path)?,
                 "history" => {
                     // torch ≤ 2.0: the latest history entry has the live allocation.
                     self.source.legacy_history = true;
@@ -821,7 +873,7 @@ impl Converter<'_, '_, '_> {
                                     have_req = true;
                                 }
                                 "frames" if blk.stack == StackId::EMPTY => {
-                                    blk.stack = field(self.b.stack(heap, hv), &format!("{hp}.frames"))?
+                                    blk.stack = field(self.b.stack(heap, hv), &hp)?
                                 }
                                 _ => {}
                             }
@@ -895,6 +947,7 @@ impl Converter<'_, '_, '_> {
         let n = self.seq(v, "external_annotations")?;
         let mut out = Vec::with_capacity(n.min(1 << 16));
         for i in 0..n {
+            self.charge(1, "external_annotations")?;
             let p = format!("external_annotations[{i}]");
             let item = heap.seq_get(v, i).unwrap_or(Value::None);
             let mut a = Annotation { name: String::new(), start: true, device: 0, time_us: NO_TIME };

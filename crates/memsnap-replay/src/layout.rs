@@ -71,10 +71,6 @@ impl Layout {
         self.by_addr.get(&addr).map(|&i| &self.nodes[i as usize])
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.by_addr.is_empty()
-    }
-
     /// Live blocks sorted by address.
     pub fn blocks(&self) -> Vec<Node> {
         let mut out: Vec<Node> = self.by_addr.values().map(|&i| self.nodes[i as usize]).collect();

@@ -102,15 +102,15 @@ impl Rules {
         }
     }
 
-    /// The largest cached block an allocation of `rounded` bytes can have been given whole:
-    /// anything larger would have been split (`should_split`) or refused (`get_free_block`
-    /// does not hand out blocks of `max_split_size` or more to smaller requests, nor blocks
-    /// `kLargeBuffer` or more above an oversize request).
+    /// The largest block an allocation of `rounded` bytes can have been given whole: anything
+    /// larger would have been split (`should_split`), or for an oversize request refused by
+    /// `get_free_block` (a cached block `kLargeBuffer` or more above it). A fresh segment is
+    /// never larger than that either.
     pub fn max_whole_block(&self, rounded: u64) -> u64 {
         if Self::is_small(rounded) || self.expandable_segments {
             rounded
         } else if rounded < self.max_split_size {
-            (rounded + SMALL_SIZE).min(self.max_split_size - MIN_BLOCK_SIZE).max(rounded)
+            rounded + SMALL_SIZE
         } else {
             rounded + LARGE_BUFFER - MIN_BLOCK_SIZE
         }

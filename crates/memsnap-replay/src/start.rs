@@ -55,9 +55,7 @@ pub(crate) fn reserved_at_start(
         let r = Reserved { start: s.address, end: s.address + s.total_size, expandable: s.is_expandable, meta: Meta::of_segment(s) };
         ranges.insert(s.address, r);
     }
-    let mut conflict = |i: u32, addr: u64| {
-        diagnostics.push(Diagnostic { event_index: Some(i as usize), address: addr, kind: DiagnosticKind::StartConflict });
-    };
+    let mut clash = |i: u32, addr: u64| diagnostics.push(conflict(Some(i), addr));
     for &i in segment_events.iter().rev() {
         let e = &events[i as usize];
         let (start, end) = (e.addr, e.addr.saturating_add(e.size));
@@ -66,11 +64,11 @@ pub(crate) fn reserved_at_start(
                 Some(r) if !r.expandable && r.end == end => {
                     ranges.remove(&start);
                 }
-                _ => conflict(i, start),
+                _ => clash(i, start),
             },
             Action::SegmentFree => {
                 if overlapping(&ranges, start, end) {
-                    conflict(i, start);
+                    clash(i, start);
                 } else {
                     ranges.insert(start, Reserved { start, end, expandable: false, meta: Meta::of_event(e) });
                 }
@@ -87,12 +85,12 @@ pub(crate) fn reserved_at_start(
                             ranges.insert(end, Reserved { start: end, ..r });
                         }
                     }
-                    _ => conflict(i, start),
+                    _ => clash(i, start),
                 }
             }
             Action::SegmentUnmap => {
                 if overlapping(&ranges, start, end) {
-                    conflict(i, start);
+                    clash(i, start);
                     continue;
                 }
                 let mut merged = Reserved { start, end, expandable: true, meta: Meta::of_event(e) };
@@ -132,24 +130,17 @@ pub(crate) struct StartBlock {
     pub stack: StackId,
 }
 
-/// The possible sizes of a block at the start; the replay assumes `min`.
-struct Bound {
-    address: u64,
-    min: u64,
-    max: u64,
-    /// Index in the sorted list of blocks found.
-    found: usize,
-}
-
 /// What one unit held before the first event.
 #[derive(Default)]
 pub(crate) struct UnitStart {
+    /// By address.
     pub blocks: Vec<StartBlock>,
     pub uncertain: Vec<UncertainBlock>,
+    pub diagnostics: Vec<Diagnostic>,
 }
 
 /// Known so far about a block active at the start, while walking back.
-struct Pending {
+struct Found {
     /// Exact size when the block is still in the final table.
     size: Option<u64>,
     requested_size: u64,
@@ -159,113 +150,137 @@ struct Pending {
     freed_at: u32,
 }
 
-/// The active blocks before the first event of one unit: the unit's blocks at dump, walked
-/// back over its events (undo each `alloc`, re-create each freed block). Sizes of blocks freed
-/// during the trace are not in it; they are bounded by the allocator's rules, the next block,
-/// and any allocation that landed after them before their free.
-pub(crate) fn blocks_at_start(
-    ranges: &[(u64, u64)],
-    finals: &[&Segment],
-    events: &[TraceEvent],
-    unit_events: &[u32],
-    rules: &Rules,
-    diagnostics: &mut Vec<Diagnostic>,
-) -> UnitStart {
-    let mut active: AddrMap<Pending> = AddrMap::default();
-    for b in finals.iter().flat_map(|s| &s.blocks) {
-        if b.state != BlockState::Inactive {
-            let p = Pending {
-                size: Some(b.size),
-                requested_size: b.requested_size,
-                pending: b.state == BlockState::PendingFree,
-                stack: b.stack,
-                freed_at: u32::MAX,
-            };
-            active.insert(b.address, p);
+/// The walk back from a unit's blocks at dump to its blocks before the first event: undo each
+/// `alloc`, re-create each freed block.
+pub(crate) struct StartWalk {
+    active: AddrMap<Found>,
+    diagnostics: Vec<Diagnostic>,
+}
+
+impl StartWalk {
+    pub fn new(finals: &[&Segment]) -> StartWalk {
+        let mut active: AddrMap<Found> = AddrMap::default();
+        for b in finals.iter().flat_map(|s| &s.blocks) {
+            if b.state != BlockState::Inactive {
+                let found = Found {
+                    size: Some(b.size),
+                    requested_size: b.requested_size,
+                    pending: b.state == BlockState::PendingFree,
+                    stack: b.stack,
+                    freed_at: u32::MAX,
+                };
+                active.insert(b.address, found);
+            }
         }
+        StartWalk { active, diagnostics: Vec::new() }
     }
-    let mut conflict = |i: Option<u32>, addr: u64| {
-        diagnostics.push(Diagnostic { event_index: i.map(|i| i as usize), address: addr, kind: DiagnosticKind::StartConflict });
-    };
-    for &i in unit_events.iter().rev() {
-        let e = &events[i as usize];
-        match e.action {
-            Action::Alloc => {
-                if active.remove(&e.addr).is_none() {
-                    conflict(Some(i), e.addr);
-                }
-            }
+
+    /// Undo event `i`; call for the unit's events from the last to the first.
+    pub fn undo(&mut self, i: u32, e: &TraceEvent) {
+        let known = match e.action {
+            Action::Alloc => self.active.remove(&e.addr).is_some(),
             Action::FreeCompleted => {
-                let p = Pending { size: None, requested_size: e.size, pending: true, stack: StackId::EMPTY, freed_at: i };
-                if active.insert(e.addr, p).is_some() {
-                    conflict(Some(i), e.addr);
-                }
+                let found =
+                    Found { size: None, requested_size: e.size, pending: true, stack: StackId::EMPTY, freed_at: i };
+                self.active.insert(e.addr, found).is_none()
             }
-            Action::FreeRequested => match active.get_mut(&e.addr) {
-                Some(p) => p.pending = false,
-                None => conflict(Some(i), e.addr),
-            },
-            _ => {}
+            Action::FreeRequested => self.active.get_mut(&e.addr).map(|f| f.pending = false).is_some(),
+            _ => true,
+        };
+        if !known {
+            self.diagnostics.push(conflict(Some(i), e.addr));
         }
     }
 
-    let mut found: Vec<(u64, Pending)> = active.into_iter().collect();
-    found.sort_unstable_by_key(|(a, _)| *a);
-    // Bounds for each block: at least the rounded request; at most what the rules allow to be
-    // handed out whole, and never past the next block or the end of its range.
-    let mut bounds: Vec<Bound> = Vec::with_capacity(found.len());
-    for (k, (addr, p)) in found.iter().enumerate() {
-        let Some(&(_, range_end)) = ranges.iter().find(|(s, e)| s <= addr && addr < e) else {
-            conflict(None, *addr);
-            continue;
-        };
-        let limit = found.get(k + 1).map_or(range_end, |(next, _)| (*next).min(range_end)) - addr;
-        let (min, max) = match p.size {
-            Some(size) => (size, size),
-            None => {
-                let rounded = rules.round_size(p.requested_size);
-                (rounded, rules.max_whole_block(rounded))
-            }
-        };
-        if min > limit {
-            conflict(None, *addr);
-        }
-        let min = min.min(limit);
-        bounds.push(Bound { address: *addr, min, max: max.min(limit).max(min), found: k });
-    }
-    // An allocation inside a block's possible extent, made before the block was freed, ends it.
-    if bounds.iter().any(|b| b.min < b.max) {
-        for &i in unit_events {
-            let e = &events[i as usize];
-            if e.action != Action::Alloc {
+    /// The blocks found, each with the sizes it can have had. Sizes of blocks freed during the
+    /// trace are not in the final table: they are at least the rounded request, at most what
+    /// the rules allow to be handed out whole, and never reach past the next block or the end
+    /// of the reserved range.
+    pub fn bound(self, ranges: &[(u64, u64)], rules: &Rules) -> StartBounds {
+        let mut found: Vec<(u64, Found)> = self.active.into_iter().collect();
+        found.sort_unstable_by_key(|(a, _)| *a);
+        let mut diagnostics = self.diagnostics;
+        let mut bounds: Vec<Bound> = Vec::with_capacity(found.len());
+        for (k, (addr, f)) in found.iter().enumerate() {
+            let Some(&(_, range_end)) = ranges.iter().find(|(s, e)| s <= addr && addr < e) else {
+                diagnostics.push(conflict(None, *addr));
                 continue;
-            }
-            let k = bounds.partition_point(|b| b.address < e.addr);
-            if let Some(b) = k.checked_sub(1).map(|k| &mut bounds[k]) {
-                if i < found[b.found].1.freed_at && e.addr < b.address + b.max {
-                    b.max = (e.addr - b.address).max(b.min);
+            };
+            let limit = found.get(k + 1).map_or(range_end, |(next, _)| (*next).min(range_end)) - addr;
+            let (min, max) = match f.size {
+                Some(size) => (size, size),
+                None => {
+                    let rounded = rules.round_size(f.requested_size);
+                    (rounded, rules.max_whole_block(rounded))
                 }
+            };
+            if min > limit {
+                diagnostics.push(conflict(None, *addr));
+            }
+            let min = min.min(limit);
+            bounds.push(Bound { address: *addr, min, max: max.min(limit).max(min), found: k });
+        }
+        StartBounds { found, bounds, diagnostics }
+    }
+}
+
+/// The possible sizes of a block at the start; the replay assumes `min`.
+struct Bound {
+    address: u64,
+    min: u64,
+    max: u64,
+    /// Index in [`StartBounds::found`].
+    found: usize,
+}
+
+pub(crate) struct StartBounds {
+    found: Vec<(u64, Found)>,
+    /// By address.
+    bounds: Vec<Bound>,
+    diagnostics: Vec<Diagnostic>,
+}
+
+impl StartBounds {
+    pub fn is_exact(&self) -> bool {
+        self.bounds.iter().all(|b| b.min == b.max)
+    }
+
+    /// Narrow the bounds with allocation event `i`: an allocation inside a block's possible
+    /// extent, made before the block was freed, ends the block. Call for the unit's `alloc`
+    /// events.
+    pub fn narrow(&mut self, i: u32, e: &TraceEvent) {
+        let k = self.bounds.partition_point(|b| b.address < e.addr);
+        if let Some(b) = k.checked_sub(1).map(|k| &mut self.bounds[k]) {
+            if i < self.found[b.found].1.freed_at && e.addr < b.address + b.max {
+                b.max = (e.addr - b.address).max(b.min);
             }
         }
     }
-    let mut out = UnitStart::default();
-    for b in &bounds {
-        let p = &found[b.found].1;
-        if b.max > b.min {
-            out.uncertain.push(UncertainBlock {
+
+    pub fn finish(self) -> UnitStart {
+        let mut out = UnitStart { diagnostics: self.diagnostics, ..UnitStart::default() };
+        for b in &self.bounds {
+            let f = &self.found[b.found].1;
+            if b.max > b.min {
+                out.uncertain.push(UncertainBlock {
+                    address: b.address,
+                    requested_size: f.requested_size,
+                    size_assumed: b.min,
+                    size_max: b.max,
+                });
+            }
+            out.blocks.push(StartBlock {
                 address: b.address,
-                requested_size: p.requested_size,
-                size_assumed: b.min,
-                size_max: b.max,
+                size: b.min,
+                requested_size: f.requested_size,
+                pending: f.pending,
+                stack: f.stack,
             });
         }
-        out.blocks.push(StartBlock {
-            address: b.address,
-            size: b.min,
-            requested_size: p.requested_size,
-            pending: p.pending,
-            stack: p.stack,
-        });
+        out
     }
-    out
+}
+
+fn conflict(event: Option<u32>, address: u64) -> Diagnostic {
+    Diagnostic { event_index: event.map(|i| i as usize), address, kind: DiagnosticKind::StartConflict }
 }

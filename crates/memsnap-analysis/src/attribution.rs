@@ -1,0 +1,164 @@
+//! Who allocated a block: the user's line, or the `.backward()` line for frameless backward
+//! allocations, and which category of memory it is.
+
+use memsnap_model::{FrameId, Snapshot, StackId, TraceEvent};
+use memsnap_replay::BlockLifetime;
+
+use crate::graph::short_path;
+use crate::phases::Phases;
+use crate::stacks::StackTable;
+
+/// Attribution of one block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Attr {
+    /// Allocated during a backward pass launched at this line (`None`: launch line unknown).
+    Backward(Option<FrameId>),
+    /// Allocated under this user frame (innermost user frame of the stack).
+    Site(FrameId),
+    /// Has Python frames but none of the user's (e.g. a library's own cache).
+    Library,
+    /// Alive before the trace began: no allocation event, no stack.
+    PreTrace,
+    /// Allocated in the trace without frames, outside any backward pass.
+    NoFrames,
+}
+
+/// Memory categories at a moment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Category {
+    /// Alive before the trace (parameters, buffers, optimizer state of earlier steps).
+    PreTrace,
+    Gradients,
+    OptimizerState,
+    Activations,
+    /// Short-lived allocations outside the forward pass, backward gradients and optimizer.
+    Temporaries,
+    /// Long-lived allocations of the user's own code outside those phases.
+    Other,
+}
+
+impl Category {
+    pub const ALL: [Category; 6] = [
+        Category::PreTrace,
+        Category::Gradients,
+        Category::OptimizerState,
+        Category::Activations,
+        Category::Temporaries,
+        Category::Other,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Category::PreTrace => "pre_trace",
+            Category::Gradients => "gradients",
+            Category::OptimizerState => "optimizer_state",
+            Category::Activations => "activations",
+            Category::Temporaries => "temporaries",
+            Category::Other => "other",
+        }
+    }
+}
+
+/// Attribution of a block, and the stack that explains it.
+pub fn attribute(events: &[TraceEvent], phases: &Phases, stacks: &StackTable, b: &BlockLifetime) -> (Attr, StackId) {
+    let Some(a) = b.alloc_event else {
+        return (Attr::PreTrace, StackId::EMPTY);
+    };
+    let ev_stack = events.get(a as usize).map_or(b.stack, |e| e.stack);
+    let info = stacks.get(ev_stack);
+    if !info.python || info.backward_launch {
+        if let Some(bw) = phases.backward_at(a) {
+            let launch = events.get(bw.span.start as usize).map_or(StackId::EMPTY, |e| e.stack);
+            return (Attr::Backward(bw.line), launch);
+        }
+    }
+    if let Some(s) = info.site {
+        return (Attr::Site(s), ev_stack);
+    }
+    if info.python {
+        return (Attr::Library, ev_stack);
+    }
+    (Attr::NoFrames, ev_stack)
+}
+
+/// The category of a block allocated at `a` that is live at `t`.
+pub fn categorize(events: &[TraceEvent], phases: &Phases, stacks: &StackTable, b: &BlockLifetime, attr: Attr) -> Category {
+    let Some(a) = b.alloc_event else { return Category::PreTrace };
+    let freed = b.free_requested_event.or(b.free_completed_event);
+    match attr {
+        Attr::Backward(_) => {
+            // Outliving its backward pass is what a gradient does; the rest is scratch.
+            let end = phases.backward_at(a).map_or(a + 1, |bw| bw.span.end);
+            if freed.is_none_or(|f| f >= end) {
+                Category::Gradients
+            } else {
+                Category::Temporaries
+            }
+        }
+        _ => {
+            let info = stacks.get(events.get(a as usize).map_or(b.stack, |e| e.stack));
+            if info.optimizer {
+                // Optimizer state lives across steps; step scratch dies within one.
+                let long = match freed {
+                    None => true,
+                    Some(f) => match (phases.iteration_of(a), phases.iteration_of(f)) {
+                        (Some(x), Some(y)) => y > x,
+                        _ => !phases.in_optimizer(f),
+                    },
+                };
+                if long {
+                    Category::OptimizerState
+                } else {
+                    Category::Temporaries
+                }
+            } else if info.forward {
+                Category::Activations
+            } else {
+                let long = match freed {
+                    None => true,
+                    Some(f) => match (phases.iteration_of(a), phases.iteration_of(f)) {
+                        (Some(x), Some(y)) => y > x,
+                        _ => false,
+                    },
+                };
+                if long {
+                    Category::Other
+                } else {
+                    Category::Temporaries
+                }
+            }
+        }
+    }
+}
+
+/// A site as plain data.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Site {
+    pub filename: String,
+    pub line: u32,
+    pub function: String,
+}
+
+impl Site {
+    pub fn of(snap: &Snapshot, f: FrameId) -> Site {
+        let fr = snap.frame(f);
+        Site { filename: snap.str(fr.filename).to_string(), line: fr.line, function: snap.str(fr.name).to_string() }
+    }
+
+    /// `file.py:12 (function)` with the path shortened to its last components.
+    pub fn short(&self) -> String {
+        format!("{}:{} ({})", short_path(&self.filename), self.line, self.function)
+    }
+}
+
+/// A readable label for an attribution.
+pub fn attr_label(snap: &Snapshot, attr: Attr) -> String {
+    match attr {
+        Attr::Backward(Some(f)) => format!("backward launched at {}", Site::of(snap, f).short()),
+        Attr::Backward(None) => "backward pass (launch line unknown)".into(),
+        Attr::Site(f) => Site::of(snap, f).short(),
+        Attr::Library => "library code (no user frame)".into(),
+        Attr::PreTrace => "allocated before the trace".into(),
+        Attr::NoFrames => "no frames recorded".into(),
+    }
+}

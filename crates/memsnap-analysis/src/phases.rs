@@ -1,0 +1,295 @@
+//! Phases found from the trace alone: backward passes, forward passes, optimizer steps,
+//! iterations and evaluation windows.
+
+use memsnap_model::{Action, Annotation, FrameId, TraceEvent, NO_TIME};
+
+use crate::stacks::StackTable;
+
+/// A half-open range of event indices `[start, end)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Span {
+    pub start: u32,
+    pub end: u32,
+}
+
+impl Span {
+    pub fn contains(&self, i: u32) -> bool {
+        self.start <= i && i < self.end
+    }
+}
+
+/// A backward pass: from the allocation that launched it (whose stack holds the user's
+/// `.backward()` line) to the next event with Python frames.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Backward {
+    pub span: Span,
+    /// The `.backward()` line.
+    pub line: Option<FrameId>,
+}
+
+/// One call of a model from one user line: consecutive events inside `nn.Module` calls with
+/// the same forward call site.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ForwardPass {
+    pub span: Span,
+    pub call_site: Option<FrameId>,
+    /// A backward starts after this pass and before the next pass from the same call site.
+    pub trained: bool,
+    /// The last allocation of the pass (usually the model's output).
+    pub last_alloc: Option<u32>,
+}
+
+/// How iterations were found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IterationSource {
+    /// Repeated `.backward()` from one line.
+    Backward,
+    /// Repeated forward passes from one call site (inference / evaluation loops).
+    Forward,
+    /// `external_annotations` with a repeating name.
+    Annotation,
+    None,
+}
+
+#[derive(Clone, Debug)]
+pub struct Phases {
+    pub backwards: Vec<Backward>,
+    pub forwards: Vec<ForwardPass>,
+    /// Event indices where an iteration starts (sorted). Iteration `k` is
+    /// `[boundaries[k], boundaries[k+1])`; events before the first boundary belong to no
+    /// iteration.
+    pub boundaries: Vec<u32>,
+    pub iteration_source: IterationSource,
+    /// The line that defines iterations (backward line or forward call site).
+    pub iteration_line: Option<FrameId>,
+    /// Name of the annotation that defines iterations, when annotations were used.
+    pub iteration_annotation: Option<String>,
+    /// Runs of consecutive forward passes without backward (evaluation / inference windows).
+    pub eval_windows: Vec<Span>,
+    /// Optimizer steps: runs of events inside `torch.optim`.
+    pub optimizer_steps: Vec<Span>,
+    pub event_count: u32,
+}
+
+impl Phases {
+    /// Index of the backward pass containing event `i`.
+    pub fn backward_at(&self, i: u32) -> Option<&Backward> {
+        let k = self.backwards.partition_point(|b| b.span.start <= i);
+        (k > 0).then(|| &self.backwards[k - 1]).filter(|b| b.span.contains(i))
+    }
+
+    /// The forward pass containing event `i`.
+    pub fn forward_at(&self, i: u32) -> Option<(usize, &ForwardPass)> {
+        let k = self.forwards.partition_point(|f| f.span.start <= i);
+        (k > 0).then(|| (k - 1, &self.forwards[k - 1])).filter(|(_, f)| f.span.contains(i))
+    }
+
+    /// The iteration that contains event `i`.
+    pub fn iteration_of(&self, i: u32) -> Option<usize> {
+        let k = self.boundaries.partition_point(|&b| b <= i);
+        (k > 0).then(|| k - 1)
+    }
+
+    pub fn iteration_count(&self) -> usize {
+        self.boundaries.len()
+    }
+
+    /// `[start, end)` of iteration `k`.
+    pub fn iteration_span(&self, k: usize) -> Span {
+        Span { start: self.boundaries[k], end: self.boundaries.get(k + 1).copied().unwrap_or(self.event_count) }
+    }
+
+    pub fn in_optimizer(&self, i: u32) -> bool {
+        let k = self.optimizer_steps.partition_point(|s| s.start <= i);
+        k > 0 && self.optimizer_steps[k - 1].contains(i)
+    }
+}
+
+/// Find the phases of one device's trace.
+pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[Annotation]) -> Phases {
+    let n = events.len() as u32;
+    let mut backwards: Vec<Backward> = Vec::new();
+    let mut forwards: Vec<ForwardPass> = Vec::new();
+    let mut optimizer_steps: Vec<Span> = Vec::new();
+    let mut open_backward: Option<Backward> = None;
+    let mut open_forward: Option<ForwardPass> = None;
+    let mut open_opt: Option<Span> = None;
+
+    for (i, e) in events.iter().enumerate() {
+        let i = i as u32;
+        if !matches!(e.action, Action::Alloc | Action::FreeRequested | Action::FreeCompleted) {
+            continue;
+        }
+        let info = stacks.get(e.stack);
+        if !info.python {
+            // Frameless (or native-only) events belong to whatever window is open.
+            continue;
+        }
+        // Backward windows: opened by a launch, closed by the next Python-framed event.
+        if info.backward_launch && e.action == Action::Alloc {
+            if let Some(b) = open_backward.take() {
+                backwards.push(Backward { span: Span { start: b.span.start, end: i }, line: b.line });
+            }
+            open_backward = Some(Backward { span: Span { start: i, end: i + 1 }, line: info.site });
+        } else if !info.backward_launch {
+            if let Some(b) = open_backward.take() {
+                backwards.push(Backward { span: Span { start: b.span.start, end: i }, line: b.line });
+            }
+        }
+        // Forward passes.
+        if info.forward && !info.backward_launch {
+            match &mut open_forward {
+                Some(f) if f.call_site == info.forward_call => {
+                    f.span.end = i + 1;
+                    if e.action == Action::Alloc {
+                        f.last_alloc = Some(i);
+                    }
+                }
+                _ => {
+                    if let Some(f) = open_forward.take() {
+                        forwards.push(f);
+                    }
+                    let last_alloc = (e.action == Action::Alloc).then_some(i);
+                    open_forward =
+                        Some(ForwardPass { span: Span { start: i, end: i + 1 }, call_site: info.forward_call, trained: false, last_alloc });
+                }
+            }
+        } else if e.action == Action::Alloc {
+            if let Some(f) = open_forward.take() {
+                forwards.push(f);
+            }
+        }
+        // Optimizer steps.
+        if info.optimizer {
+            match &mut open_opt {
+                Some(s) => s.end = i + 1,
+                None => open_opt = Some(Span { start: i, end: i + 1 }),
+            }
+        } else if e.action == Action::Alloc {
+            if let Some(s) = open_opt.take() {
+                optimizer_steps.push(s);
+            }
+        }
+    }
+    if let Some(b) = open_backward.take() {
+        backwards.push(Backward { span: Span { start: b.span.start, end: n }, line: b.line });
+    }
+    if let Some(f) = open_forward.take() {
+        forwards.push(f);
+    }
+    if let Some(s) = open_opt.take() {
+        optimizer_steps.push(s);
+    }
+
+    // A pass is "trained" if a backward starts after it and before the next pass from the
+    // same call site.
+    for k in 0..forwards.len() {
+        let site = forwards[k].call_site;
+        let end = forwards[k + 1..].iter().find(|f| f.call_site == site).map_or(n, |f| f.span.start);
+        let after = forwards[k].span.start;
+        let j = backwards.partition_point(|b| b.span.start < after);
+        forwards[k].trained = backwards.get(j).is_some_and(|b| b.span.start < end);
+    }
+
+    // Evaluation windows: maximal runs of untrained passes.
+    let mut eval_windows: Vec<Span> = Vec::new();
+    for f in forwards.iter().filter(|f| !f.trained) {
+        match eval_windows.last_mut() {
+            // Merge with the previous run when no backward started in between.
+            Some(w) if !backwards.iter().any(|b| b.span.start >= w.end && b.span.start < f.span.start) => {
+                w.end = f.span.end
+            }
+            _ => eval_windows.push(f.span),
+        }
+    }
+
+    // Iterations: the most frequent backward line; else the most frequent forward call site;
+    // else a repeating annotation.
+    let mut phases = Phases {
+        backwards,
+        forwards,
+        boundaries: Vec::new(),
+        iteration_source: IterationSource::None,
+        iteration_line: None,
+        iteration_annotation: None,
+        eval_windows,
+        optimizer_steps,
+        event_count: n,
+    };
+    if let Some(line) = most_frequent(phases.backwards.iter().map(|b| b.line)) {
+        let starts: Vec<u32> = phases.backwards.iter().filter(|b| b.line == line).map(|b| b.span.start).collect();
+        if starts.len() >= 2 {
+            // An iteration starts with the forward pass that feeds its backward: move each
+            // boundary back to the first forward pass after the previous backward.
+            let mut bounds = Vec::with_capacity(starts.len());
+            let mut prev_end = 0u32;
+            for &s in &starts {
+                let first_fwd = phases
+                    .forwards
+                    .iter()
+                    .find(|f| f.trained && f.span.start >= prev_end && f.span.start < s)
+                    .map_or(s, |f| f.span.start);
+                bounds.push(first_fwd);
+                prev_end = phases.backward_at(s).map_or(s + 1, |b| b.span.end);
+            }
+            bounds.dedup();
+            phases.boundaries = bounds;
+            phases.iteration_source = IterationSource::Backward;
+            phases.iteration_line = line;
+            return phases;
+        }
+    }
+    if let Some(site) = most_frequent(phases.forwards.iter().map(|f| f.call_site)) {
+        let starts: Vec<u32> = phases.forwards.iter().filter(|f| f.call_site == site).map(|f| f.span.start).collect();
+        if starts.len() >= 2 {
+            phases.boundaries = starts;
+            phases.iteration_source = IterationSource::Forward;
+            phases.iteration_line = site;
+            return phases;
+        }
+    }
+    if let Some((name, bounds)) = annotation_iterations(events, annotations) {
+        phases.boundaries = bounds;
+        phases.iteration_source = IterationSource::Annotation;
+        phases.iteration_annotation = Some(name);
+    }
+    phases
+}
+
+/// The most frequent value (ties to the one seen first), ignoring `None`.
+fn most_frequent(items: impl Iterator<Item = Option<FrameId>>) -> Option<Option<FrameId>> {
+    let mut counts: Vec<(FrameId, u32, usize)> = Vec::new();
+    for (order, it) in items.enumerate() {
+        let Some(f) = it else { continue };
+        match counts.iter_mut().find(|c| c.0 == f) {
+            Some(c) => c.1 += 1,
+            None => counts.push((f, 1, order)),
+        }
+    }
+    counts.iter().max_by(|a, b| a.1.cmp(&b.1).then(b.2.cmp(&a.2))).map(|c| Some(c.0))
+}
+
+/// Iterations from `record_function` annotations: the most frequent START name with at least
+/// two occurrences, mapped to the first event at or after each start time.
+fn annotation_iterations(events: &[TraceEvent], annotations: &[Annotation]) -> Option<(String, Vec<u32>)> {
+    let mut counts: Vec<(&str, usize)> = Vec::new();
+    for a in annotations.iter().filter(|a| a.start && a.time_us != NO_TIME) {
+        match counts.iter_mut().find(|c| c.0 == a.name) {
+            Some(c) => c.1 += 1,
+            None => counts.push((&a.name, 1)),
+        }
+    }
+    let (name, count) = counts.iter().max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(a.0)))?;
+    if *count < 2 || events.iter().all(|e| e.time_us == NO_TIME) {
+        return None;
+    }
+    let mut bounds: Vec<u32> = annotations
+        .iter()
+        .filter(|a| a.start && a.name == *name && a.time_us != NO_TIME)
+        .map(|a| events.partition_point(|e| e.time_us == NO_TIME || e.time_us < a.time_us) as u32)
+        .filter(|&i| (i as usize) < events.len())
+        .collect();
+    bounds.sort_unstable();
+    bounds.dedup();
+    (bounds.len() >= 2).then(|| (name.to_string(), bounds))
+}

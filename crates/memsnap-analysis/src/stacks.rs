@@ -1,0 +1,118 @@
+//! What each interned stack says about the code that allocated: its site (innermost user
+//! frame), the forward call site, and whether it is a backward launch, a forward pass or an
+//! optimizer step. Computed once per distinct stack (a file has thousands of stacks, not
+//! millions), then looked up per event.
+
+use memsnap_model::{classify_filename, FrameId, FrameKind, Snapshot, StackId};
+
+/// Facts about one stack.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StackInfo {
+    /// Innermost frame of the user's own code.
+    pub site: Option<FrameId>,
+    /// Outermost frame of the user's own code (the loop body of the script).
+    pub outer_site: Option<FrameId>,
+    /// The user frame that called the outermost `nn.Module` (the line that runs the model).
+    pub forward_call: Option<FrameId>,
+    /// The user frame that called the innermost `nn.Module` (the line inside a model's
+    /// `forward` that produced the tensor).
+    pub module_call: Option<FrameId>,
+    /// The stack launches a backward pass (`torch.autograd.backward` / `_make_grads`); `site`
+    /// is then the `.backward()` line.
+    pub backward_launch: bool,
+    /// Inside `torch.optim`.
+    pub optimizer: bool,
+    /// Inside an `nn.Module` call.
+    pub forward: bool,
+    /// Passes through a loss function (`cross_entropy`, `*_loss`, …).
+    pub loss: bool,
+    /// Innermost Python frame (user or library): the operation that allocated.
+    pub innermost_python: Option<FrameId>,
+    /// Has at least one Python frame (user or library). Stacks of only native frames
+    /// (`stacks="all"` backward threads) count as frameless for attribution.
+    pub python: bool,
+}
+
+/// Per-stack facts for a whole snapshot, indexed by `StackId`.
+pub struct StackTable {
+    pub infos: Vec<StackInfo>,
+    pub frame_kinds: Vec<FrameKind>,
+}
+
+impl StackTable {
+    pub fn new(snap: &Snapshot) -> StackTable {
+        let frame_kinds: Vec<FrameKind> =
+            snap.frames.iter().map(|f| classify_filename(snap.str(f.filename))).collect();
+        let infos = snap.stacks.iter().map(|s| info(snap, &frame_kinds, &s.frames)).collect();
+        StackTable { infos, frame_kinds }
+    }
+
+    pub fn get(&self, id: StackId) -> StackInfo {
+        self.infos.get(id.0 as usize).copied().unwrap_or_default()
+    }
+
+    pub fn is_user(&self, f: FrameId) -> bool {
+        self.frame_kinds.get(f.0 as usize) == Some(&FrameKind::User)
+    }
+}
+
+fn is_module_call(file: &str, name: &str) -> bool {
+    file.ends_with("torch/nn/modules/module.py") && (name == "_call_impl" || name == "_wrapped_call_impl")
+}
+
+fn info(snap: &Snapshot, kinds: &[FrameKind], frames: &[FrameId]) -> StackInfo {
+    let mut s = StackInfo::default();
+    // Frames are innermost first.
+    let mut outermost_module: Option<usize> = None;
+    let mut innermost_module: Option<usize> = None;
+    for (i, &f) in frames.iter().enumerate() {
+        let frame = snap.frame(f);
+        let file = snap.str(frame.filename);
+        let name = snap.str(frame.name);
+        let kind = kinds[f.0 as usize];
+        if kind != FrameKind::Native {
+            s.python = true;
+            if s.innermost_python.is_none() {
+                s.innermost_python = Some(f);
+            }
+        }
+        if kind == FrameKind::User {
+            if s.site.is_none() {
+                s.site = Some(f);
+            }
+            s.outer_site = Some(f);
+        }
+        if kind == FrameKind::Native {
+            continue;
+        }
+        if file.contains("torch/autograd/") && (name == "_make_grads" || name == "backward" || name == "_engine_run_backward")
+            || file.ends_with("torch/_tensor.py") && name == "backward"
+        {
+            s.backward_launch = true;
+        }
+        if file.contains("torch/optim/") {
+            s.optimizer = true;
+        }
+        if is_module_call(file, name) {
+            s.forward = true;
+            outermost_module = Some(i);
+            if innermost_module.is_none() {
+                innermost_module = Some(i);
+            }
+        }
+        let lname = name.to_ascii_lowercase();
+        if file.contains("torch/nn/functional.py") && (lname.contains("loss") || lname.contains("entropy") || lname == "nll_loss")
+            || file.contains("torch/nn/modules/loss.py")
+        {
+            s.loss = true;
+        }
+    }
+    let caller_user = |from: usize| frames[from + 1..].iter().copied().find(|f| kinds[f.0 as usize] == FrameKind::User);
+    if let Some(i) = outermost_module {
+        s.forward_call = caller_user(i);
+    }
+    if let Some(i) = innermost_module {
+        s.module_call = caller_user(i);
+    }
+    s
+}

@@ -1,0 +1,246 @@
+//! Replay of one device: route events to units, replay units in parallel, merge their effects
+//! into the per-device series in event order.
+
+use memsnap_model::{Action, Segment, Snapshot, TraceEvent};
+use rayon::prelude::*;
+
+use crate::check::self_check;
+use crate::output::{
+    BlockLifetime, DeviceReplay, Diagnostic, DiagnosticKind, SegmentLifetime, StartState, Totals,
+};
+use crate::rules::Rules;
+use crate::start::{reserved_at_start, Meta, Reserved};
+use crate::series::build_series;
+use crate::unit::{replay_group, Effect, EndSegment, GroupOutcome, Outcome, Unit, NO_UNIT};
+
+/// Diagnostics kept per device (all are counted).
+const MAX_DIAGNOSTICS: usize = 50;
+/// Each group reads the whole trace once, so more groups than cores only costs.
+const MAX_GROUPS: usize = 64;
+
+pub(crate) fn replay_device(snapshot: &Snapshot, device: u32, rules: &Rules) -> DeviceReplay {
+    let events: &[TraceEvent] = snapshot.trace(device).map_or(&[], |t| &t.events);
+    let final_indices: Vec<usize> =
+        snapshot.segments.iter().enumerate().filter(|(_, s)| s.device == device).map(|(k, _)| k).collect();
+    let finals: Vec<&Segment> = final_indices.iter().map(|&k| &snapshot.segments[k]).collect();
+    let mut diagnostics = Vec::new();
+
+    let segment_events: Vec<u32> = (0..events.len() as u32)
+        .filter(|&i| {
+            matches!(
+                events[i as usize].action,
+                Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap
+            )
+        })
+        .collect();
+    let reserved = reserved_at_start(&finals, events, &segment_events, &mut diagnostics);
+    let (units, owner) = route(&snapshot.segments, &final_indices, events, &segment_events, &reserved, &mut diagnostics);
+
+    let groups = balance(&units);
+    let mut outcomes: Vec<GroupOutcome> = groups
+        .par_iter()
+        .map(|members| replay_group(members, &units, &owner, &snapshot.segments, events, rules))
+        .collect();
+    // Where each unit's outcome is: (group, position in the group).
+    let mut place = vec![(0u32, 0u32); units.len()];
+    for (g, members) in groups.iter().enumerate() {
+        for (k, &u) in members.iter().enumerate() {
+            place[u as usize] = (g as u32, k as u32);
+        }
+    }
+
+    let mut start = StartState::default();
+    let mut start_totals = Totals::default();
+    for o in outcomes.iter_mut().flat_map(|g| &mut g.outcomes) {
+        start_totals.allocated += o.start.allocated;
+        start_totals.reserved += o.start.reserved;
+        start_totals.active += o.start.active;
+        start_totals.requested += o.start.requested;
+        start.segments += o.start_segments;
+        start.blocks += o.start_blocks;
+        start.uncertain_blocks.append(&mut o.uncertain);
+    }
+    start.uncertain_blocks.sort_unstable_by_key(|b| b.address);
+    start.uncertain_bytes = start.uncertain_blocks.iter().map(|b| b.size_max - b.size_assumed).sum();
+    start.trace_complete = !events.is_empty() && start.segments == 0;
+
+    let by_unit: Vec<&Outcome> = place.iter().map(|&(g, k)| &outcomes[g as usize].outcomes[k as usize]).collect();
+    let group_of: Vec<u32> = place.iter().map(|p| p.0).collect();
+    let effects: Vec<&[Effect]> = outcomes.iter().map(|g| g.effects.as_slice()).collect();
+    let ((series, peaks), blocks) = rayon::join(
+        || build_series(events, &owner, &group_of, &effects, start_totals),
+        || lifetimes(events, &owner, &by_unit),
+    );
+    drop(owner);
+
+    let all = || outcomes.iter().flat_map(|g| &g.outcomes);
+    let mut end: Vec<&EndSegment> = all().flat_map(|o| &o.end).collect();
+    end.sort_by_key(|s| s.address);
+    let check = self_check(&end, &finals);
+    let mut segments: Vec<SegmentLifetime> = all().flat_map(|o| o.segments.iter().copied()).collect();
+    segments.sort_by_key(|s| (s.address, s.created_event.map_or(0, |c| u64::from(c) + 1)));
+    diagnostics.extend(all().flat_map(|o| o.diagnostics.iter().cloned()));
+    diagnostics.sort_by_key(|d| (d.event_index.map_or(0, |i| i + 1), d.address));
+    let diagnostic_count = diagnostics.len();
+    diagnostics.truncate(MAX_DIAGNOSTICS);
+
+    DeviceReplay {
+        device,
+        event_count: events.len(),
+        series,
+        peaks,
+        start,
+        check,
+        blocks,
+        segments,
+        diagnostics,
+        diagnostic_count,
+    }
+}
+
+/// Split the device's memory into units and give each its events. Expandable segments become
+/// one unit per address range their mappings ever covered; every other segment is a unit from
+/// its `segment_alloc` (or the start) to its `segment_free` (or the dump), found by address at
+/// the moment of each event.
+fn route(
+    segments: &[Segment],
+    final_indices: &[usize],
+    events: &[TraceEvent],
+    segment_events: &[u32],
+    reserved: &[Reserved],
+    diagnostics: &mut Vec<Diagnostic>,
+) -> (Vec<Unit>, Vec<u32>) {
+    let mut units: Vec<Unit> = Vec::new();
+    let mut spans: Vec<(u64, u64, Meta)> =
+        reserved.iter().filter(|r| r.expandable).map(|r| (r.start, r.end, r.meta)).collect();
+    spans.extend(segment_events.iter().map(|&i| &events[i as usize]).filter_map(|e| {
+        matches!(e.action, Action::SegmentMap | Action::SegmentUnmap)
+            .then(|| (e.addr, e.addr.saturating_add(e.size), Meta::of_event(e)))
+    }));
+    spans.sort_unstable_by_key(|s| (s.0, s.1));
+    for (start, end, meta) in spans {
+        match units.last_mut() {
+            Some(u) if start <= u.end => u.end = u.end.max(end),
+            _ => units.push(new_unit(start, end, true, meta)),
+        }
+    }
+    for u in &mut units {
+        u.reserved_at_start =
+            reserved.iter().filter(|r| r.expandable && u.start <= r.start && r.end <= u.end).map(|r| (r.start, r.end)).collect();
+    }
+    for r in reserved.iter().filter(|r| !r.expandable) {
+        let mut u = new_unit(r.start, r.end, false, r.meta);
+        u.reserved_at_start.push((r.start, r.end));
+        units.push(u);
+    }
+
+    // Units whose memory is reserved now, by start address: (start, end, unit).
+    let mut live: Vec<(u64, u64, u32)> =
+        units.iter().enumerate().map(|(k, u)| (u.start, u.end, k as u32)).collect();
+    live.sort_unstable();
+    let outside = |diagnostics: &mut Vec<Diagnostic>, i: usize, address: u64| {
+        diagnostics.push(Diagnostic { event_index: Some(i), address, kind: DiagnosticKind::OutsideSegments });
+    };
+    let mut owner = vec![NO_UNIT; events.len()];
+    for (i, e) in events.iter().enumerate() {
+        match e.action {
+            Action::Alloc
+            | Action::FreeRequested
+            | Action::FreeCompleted
+            | Action::SegmentMap
+            | Action::SegmentUnmap => match find(&live, e.addr) {
+                Some(k) => owner[i] = live[k].2,
+                None => outside(diagnostics, i, e.addr),
+            },
+            Action::SegmentAlloc => {
+                let end = e.addr.saturating_add(e.size);
+                let at = live.partition_point(|l| l.0 < e.addr);
+                let clashes = (at > 0 && live[at - 1].1 > e.addr) || (at < live.len() && live[at].0 < end);
+                if clashes {
+                    diagnostics.push(Diagnostic { event_index: Some(i), address: e.addr, kind: DiagnosticKind::SegmentOverlaps });
+                    continue;
+                }
+                owner[i] = units.len() as u32;
+                live.insert(at, (e.addr, end, units.len() as u32));
+                units.push(new_unit(e.addr, end, false, Meta::of_event(e)));
+            }
+            Action::SegmentFree => match find(&live, e.addr) {
+                Some(k) if live[k].0 == e.addr && !units[live[k].2 as usize].expandable => {
+                    owner[i] = live[k].2;
+                    live.remove(k);
+                }
+                _ => outside(diagnostics, i, e.addr),
+            },
+            Action::Snapshot | Action::Oom | Action::Other => {}
+        }
+    }
+
+    // Dump-time segments belong to the units reserved at the end; their records are the best
+    // description of the unit (pool id, segment type).
+    for &k in final_indices {
+        let s = &segments[k];
+        if let Some(at) = find(&live, s.address) {
+            let u = &mut units[live[at].2 as usize];
+            if u.expandable == s.is_expandable && (u.expandable || u.start == s.address) {
+                if u.finals.is_empty() {
+                    u.meta = Meta::of_segment(s);
+                }
+                u.finals.push(k);
+            }
+        }
+    }
+    for &u in owner.iter().filter(|&&u| u != NO_UNIT) {
+        units[u as usize].event_count += 1;
+    }
+    (units, owner)
+}
+
+fn new_unit(start: u64, end: u64, expandable: bool, meta: Meta) -> Unit {
+    Unit { start, end, expandable, meta, reserved_at_start: Vec::new(), finals: Vec::new(), event_count: 0 }
+}
+
+/// The live unit whose range holds `addr`.
+fn find(live: &[(u64, u64, u32)], addr: u64) -> Option<usize> {
+    let k = live.partition_point(|l| l.0 <= addr).checked_sub(1)?;
+    (addr < live[k].1).then_some(k)
+}
+
+/// Split the units into groups of about equal work (events), largest units first, so that
+/// groups can replay in parallel. The split only affects speed: units are independent.
+fn balance(units: &[Unit]) -> Vec<Vec<u32>> {
+    let groups = (2 * rayon::current_num_threads()).clamp(1, MAX_GROUPS).min(units.len().max(1));
+    let mut order: Vec<u32> = (0..units.len() as u32).collect();
+    order.sort_by_key(|&u| std::cmp::Reverse(units[u as usize].event_count));
+    let mut load = vec![0usize; groups];
+    let mut out = vec![Vec::new(); groups];
+    for u in order {
+        let g = (0..groups).min_by_key(|&g| load[g]).unwrap_or(0);
+        load[g] += units[u as usize].event_count + 1;
+        out[g].push(u);
+    }
+    for members in &mut out {
+        members.sort_unstable();
+    }
+    out
+}
+
+/// Every block lifetime: blocks from before the trace by address, then the others in
+/// allocation order (each unit lists its own in trace order; `owner` interleaves them).
+fn lifetimes(events: &[TraceEvent], owner: &[u32], by_unit: &[&Outcome]) -> Vec<BlockLifetime> {
+    let mut next: Vec<usize> = by_unit.iter().map(|o| o.start_blocks).collect();
+    let mut blocks: Vec<BlockLifetime> =
+        by_unit.iter().flat_map(|o| o.blocks[..o.start_blocks].iter().copied()).collect();
+    blocks.sort_unstable_by_key(|b| b.address);
+    blocks.reserve(by_unit.iter().map(|o| o.blocks.len() - o.start_blocks).sum());
+    for (i, (e, &u)) in events.iter().zip(owner).enumerate() {
+        if e.action != Action::Alloc || u == NO_UNIT {
+            continue;
+        }
+        let k = &mut next[u as usize];
+        if let Some(b) = by_unit[u as usize].blocks.get(*k).filter(|b| b.alloc_event == Some(i as u32)) {
+            blocks.push(*b);
+            *k += 1;
+        }
+    }
+    blocks
+}

@@ -1,0 +1,140 @@
+//! The replay against the real snapshots in `../shared/snapshots/dev/`: every counter PyTorch
+//! reported at dump time, the peaks, and the self-check.
+
+use std::path::{Path, PathBuf};
+
+use memsnap_model::{read_snapshot, BlockState, Snapshot};
+use memsnap_replay::{replay, DeviceReplay};
+
+fn dev_dir() -> Option<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/snapshots/dev");
+    if dir.is_dir() {
+        Some(dir)
+    } else {
+        eprintln!("skipped: {} is absent", dir.display());
+        None
+    }
+}
+
+/// Every dev snapshot with its truth file (`cpp_pickler.cpp.pickle` shares `cpp_pickler`'s).
+fn dev_files(dir: &Path) -> Vec<(String, PathBuf, PathBuf)> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        if let Some(stem) = name.strip_suffix(".pickle") {
+            let truth_stem = stem.strip_suffix(".cpp").unwrap_or(stem);
+            out.push((stem.to_string(), path.clone(), dir.join(format!("{truth_stem}.truth.json"))));
+        }
+    }
+    out.sort();
+    out
+}
+
+struct Truth {
+    allocated: u64,
+    reserved: u64,
+    max_allocated: u64,
+    max_reserved: u64,
+    active: u64,
+}
+
+fn truth(path: &Path) -> Truth {
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let at = &v["at_dump"];
+    let get = |k: &str| at[k].as_u64().unwrap_or_else(|| panic!("{}: at_dump.{k}", path.display()));
+    Truth {
+        allocated: get("allocated"),
+        reserved: get("reserved"),
+        max_allocated: get("max_allocated"),
+        max_reserved: get("max_reserved"),
+        active: get("active_bytes"),
+    }
+}
+
+fn load(path: &Path) -> Snapshot {
+    read_snapshot(&std::fs::read(path).unwrap()).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn device0(snapshot: &Snapshot) -> DeviceReplay {
+    let mut r = replay(snapshot);
+    assert_eq!(r.devices.len(), 1, "the dev files use one device");
+    r.devices.remove(0)
+}
+
+/// Every dev file: end counters, peaks, and the self-check, to the byte. Each of these traces
+/// covers its process's peak (s11's ring buffer wrapped, but after the peak; s08's OOM creates
+/// no block), so the peaks must match too.
+#[test]
+fn dev_files_replay_exactly() {
+    let Some(dir) = dev_dir() else { return };
+    let mut failures = Vec::new();
+    for (name, path, truth_path) in dev_files(&dir) {
+        let t = truth(&truth_path);
+        let snapshot = load(&path);
+        let d = device0(&snapshot);
+        let end = d.series.after(d.event_count.checked_sub(1));
+        let row = format!(
+            "{name}: peak allocated {} (truth {}), peak reserved {} (truth {}), end allocated {} (truth {}), \
+             end reserved {} (truth {}), active {} (truth {}), matches {} ({} mismatches: {:?}), diagnostics {:?}",
+            d.peaks.allocated.value,
+            t.max_allocated,
+            d.peaks.reserved.value,
+            t.max_reserved,
+            end.allocated,
+            t.allocated,
+            end.reserved,
+            t.reserved,
+            end.active,
+            t.active,
+            d.check.matches_snapshot,
+            d.check.mismatch_count,
+            d.check.mismatches.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            d.diagnostics.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        );
+        let exact = d.peaks.allocated.value == t.max_allocated
+            && d.peaks.reserved.value == t.max_reserved
+            && end.allocated == t.allocated
+            && end.reserved == t.reserved
+            && end.active == t.active
+            && d.check.matches_snapshot
+            && d.diagnostic_count == 0;
+        eprintln!("{} {row}", if exact { "exact" } else { "NOT EXACT" });
+        eprintln!(
+            "    start: complete {}, segments {}, blocks {}, uncertain {} blocks / {} bytes; peak at event {:?}",
+            d.start.trace_complete,
+            d.start.segments,
+            d.start.blocks,
+            d.start.uncertain_blocks.len(),
+            d.start.uncertain_bytes,
+            d.peaks.allocated.event_index
+        );
+        if !exact {
+            failures.push(row);
+        }
+    }
+    assert!(failures.is_empty(), "not exact:\n{}", failures.join("\n"));
+}
+
+/// The layout rebuilt from lifetimes after the last event is the snapshot's segment table.
+#[test]
+fn state_at_end_is_the_snapshot() {
+    let Some(dir) = dev_dir() else { return };
+    for (name, path, _) in dev_files(&dir) {
+        let snapshot = load(&path);
+        let d = device0(&snapshot);
+        let mut expected: Vec<(u64, u64, Vec<(u64, u64, BlockState)>)> = snapshot
+            .segments
+            .iter()
+            .map(|s| (s.address, s.total_size, s.blocks.iter().map(|b| (b.address, b.size, b.state)).collect()))
+            .collect();
+        expected.sort_by_key(|s| s.0);
+        let got: Vec<(u64, u64, Vec<(u64, u64, BlockState)>)> = d
+            .state_at_end()
+            .segments
+            .iter()
+            .map(|s| (s.address, s.total_size, s.blocks.iter().map(|b| (b.address, b.size, b.state)).collect()))
+            .collect();
+        assert!(got == expected, "{name}: state_at_end differs from the snapshot");
+    }
+}
