@@ -1,13 +1,229 @@
-//! `memsnap timeline` (being written).
+//! `memsnap timeline FILE [--csv|--json] [--every N] [--device D]`: allocated, reserved, active
+//! and requested bytes after each trace event, from the exact replay.
 
+use std::fmt::Write as _;
+use std::path::PathBuf;
 use std::process::ExitCode;
+
+use memsnap_model::TraceEvent;
+use memsnap_replay::{DeviceReplay, Peak};
+use serde_json::{json, Value};
+
+use crate::cmd::emit;
+use crate::cmd::segments::fmt_bytes;
+use crate::cmd::summary::file_name;
+use crate::load::load;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Snapshot file (`-` for stdin).
-    pub file: std::path::PathBuf,
+    /// Snapshot file (`-` for stdin); gzip, zstd and xz are detected by content.
+    pub file: PathBuf,
+    /// One CSV row per event: device,event,time_us,action,allocated,reserved,active,requested.
+    #[arg(long, conflicts_with = "json")]
+    pub csv: bool,
+    /// Machine-readable output (see docs/json.md): per device, columns of equal length.
+    #[arg(long)]
+    pub json: bool,
+    /// Keep every Nth event (and always the last); the peaks are computed over all events.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub every: u64,
+    /// Only this device.
+    #[arg(long)]
+    pub device: Option<u32>,
 }
 
-pub fn run(_args: &Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`timeline` is not available in this build yet")
+/// Rows are written in pieces of about this many bytes, so that a 12 M-event timeline never
+/// sits in memory as one string.
+const PIECE: usize = 1 << 20;
+
+pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    let loaded = load(&args.file)?;
+    let snap = &loaded.snapshot;
+    let replay = memsnap_replay::replay(snap);
+    let devices: Vec<&DeviceReplay> =
+        replay.devices.iter().filter(|d| args.device.map_or(true, |want| d.device == want)).collect();
+    if let Some(want) = args.device.filter(|_| devices.is_empty()) {
+        anyhow::bail!("device {want} is not in the snapshot");
+    }
+    let every = args.every as usize;
+    let events_of = |d: &DeviceReplay| snap.trace(d.device).map_or(&[][..], |t| t.events.as_slice());
+
+    let mut out = String::with_capacity(PIECE + 4096);
+    if args.json {
+        let head = json!({
+            "schema_version": 1,
+            "command": "timeline",
+            "file": file_name(&loaded.path),
+            "every": every,
+        });
+        let head = serde_json::to_string(&head)?;
+        // The series can hold millions of values: write them out piece by piece instead of
+        // building one JSON tree.
+        let _ = write!(out, "{},\"devices\":[", &head[..head.len() - 1]);
+        for (k, d) in devices.iter().enumerate() {
+            if k > 0 {
+                out.push(',');
+            }
+            write_device_json(&mut out, d, events_of(d), every)?;
+        }
+        out.push_str("]}\n");
+        emit(&out)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+
+    if args.csv {
+        out.push_str("device,event,time_us,action,allocated,reserved,active,requested\n");
+    } else {
+        let _ = writeln!(out, "memsnap timeline: {}", loaded.path.display());
+    }
+    for d in devices {
+        let events = events_of(d);
+        if !args.csv {
+            header(&mut out, d, events);
+        }
+        for i in kept(d.event_count, every) {
+            let e = &events[i];
+            let t = d.series.after(Some(i));
+            let time = if e.has_time() { e.time_us.to_string() } else { String::new() };
+            if args.csv {
+                let _ = writeln!(
+                    out,
+                    "{},{i},{time},{},{},{},{},{}",
+                    d.device,
+                    e.action.name(),
+                    t.allocated,
+                    t.reserved,
+                    t.active,
+                    t.requested
+                );
+            } else {
+                let _ = writeln!(
+                    out,
+                    "{i:>10} {time:>17}  {:<15}{:>15}{:>15}{:>15}{:>15}",
+                    e.action.name(),
+                    t.allocated,
+                    t.reserved,
+                    t.active,
+                    t.requested
+                );
+            }
+            if out.len() >= PIECE {
+                emit(&out)?;
+                out.clear();
+            }
+        }
+    }
+    emit(&out)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Indices of the events shown: every `every`th, and the last.
+fn kept(n: usize, every: usize) -> impl Iterator<Item = usize> {
+    (0..n).filter(move |&i| i % every == 0 || i + 1 == n)
+}
+
+fn header(out: &mut String, d: &DeviceReplay, events: &[TraceEvent]) {
+    let s = &d.start;
+    let _ = writeln!(out, "\ndevice {}: {} events", d.device, d.event_count);
+    let _ = writeln!(
+        out,
+        "  start: allocated {}, reserved {}; trace complete: {}; uncertain at start: {} in {} blocks",
+        fmt_bytes(d.series.start.allocated),
+        fmt_bytes(d.series.start.reserved),
+        if s.trace_complete { "yes" } else { "no" },
+        fmt_bytes(s.uncertain_bytes),
+        s.uncertain_blocks.len()
+    );
+    let _ = writeln!(
+        out,
+        "  replay matches snapshot: {}{}",
+        if d.check.matches_snapshot { "yes" } else { "NO" },
+        if d.check.matches_snapshot { String::new() } else { format!(" ({} differences)", d.check.mismatch_count) }
+    );
+    for (name, p) in [
+        ("allocated", d.peaks.allocated),
+        ("reserved", d.peaks.reserved),
+        ("active", d.peaks.active),
+        ("requested", d.peaks.requested),
+    ] {
+        let _ = writeln!(out, "  peak {name:<10} {:>12} ({} B) {}", fmt_bytes(p.value), p.value, when(&p, events));
+    }
+    let _ = writeln!(
+        out,
+        "\n{:>10} {:>17}  {:<15}{:>15}{:>15}{:>15}{:>15}",
+        "event", "time_us", "action", "allocated", "reserved", "active", "requested"
+    );
+}
+
+fn when(p: &Peak, events: &[TraceEvent]) -> String {
+    match p.event_index {
+        None => "at the start".into(),
+        Some(i) => format!(
+            "after event {i} ({}){}",
+            events[i].action.name(),
+            p.time_us.map_or(String::new(), |t| format!(" at {t} us"))
+        ),
+    }
+}
+
+fn peak_json(p: &Peak) -> Value {
+    json!({"bytes": p.value, "event_index": p.event_index, "time_us": p.time_us})
+}
+
+/// One device as JSON: facts, then the series as columns of equal length.
+fn write_device_json(out: &mut String, d: &DeviceReplay, events: &[TraceEvent], every: usize) -> anyhow::Result<()> {
+    let facts = json!({
+        "device": d.device,
+        "events": d.event_count,
+        "trace_complete": d.start.trace_complete,
+        "uncertain_bytes_at_start": d.start.uncertain_bytes,
+        "replay_matches_snapshot": d.check.matches_snapshot,
+        "start": {
+            "allocated": d.series.start.allocated,
+            "reserved": d.series.start.reserved,
+            "active": d.series.start.active,
+            "requested": d.series.start.requested,
+        },
+        "peaks": {
+            "allocated": peak_json(&d.peaks.allocated),
+            "reserved": peak_json(&d.peaks.reserved),
+            "active": peak_json(&d.peaks.active),
+            "requested": peak_json(&d.peaks.requested),
+        },
+    });
+    let facts = serde_json::to_string(&facts)?;
+    let _ = write!(out, "{},\"series\":{{", &facts[..facts.len() - 1]);
+    let number = |out: &mut String, v: u64| {
+        let _ = write!(out, "{v}");
+    };
+    let columns: [(&str, &dyn Fn(&mut String, usize)); 7] = [
+        ("event", &|out, i| number(out, i as u64)),
+        ("time_us", &|out, i| {
+            let e = &events[i];
+            let _ = if e.has_time() { write!(out, "{}", e.time_us) } else { write!(out, "null") };
+        }),
+        ("action", &|out, i| {
+            let _ = write!(out, "\"{}\"", events[i].action.name());
+        }),
+        ("allocated", &|out, i| number(out, d.series.allocated[i])),
+        ("reserved", &|out, i| number(out, d.series.reserved[i])),
+        ("active", &|out, i| number(out, d.series.active[i])),
+        ("requested", &|out, i| number(out, d.series.requested[i])),
+    ];
+    for (c, (name, value)) in columns.iter().enumerate() {
+        let _ = write!(out, "{}\"{name}\":[", if c > 0 { "," } else { "" });
+        for (k, i) in kept(d.event_count, every).enumerate() {
+            if k > 0 {
+                out.push(',');
+            }
+            value(out, i);
+            if out.len() >= PIECE {
+                emit(out)?;
+                out.clear();
+            }
+        }
+        out.push(']');
+    }
+    out.push_str("}}");
+    Ok(())
 }

@@ -388,9 +388,15 @@ fn growth(snap: &Snapshot, stacks: &StackTable, phases: &Phases, d: &DeviceRepla
             }
             GroupKey::Site(site) => {
                 let loss = g.loss_bytes * 2 > g.bytes;
-                let kind = if loss { SuspectKind::RetainedGraph } else { SuspectKind::ReferenceLeak };
-                let evidence = if loss {
-                    format!("{base}. They are allocated inside the loss function called at this line: a loss kept as a tensor keeps its autograd graph, and with it what the loss saved for backward (until a backward frees it).")
+                // A kept loss that still holds what the loss function saved for backward is a
+                // retained graph; a kept scalar alone (backward already freed the graph's
+                // tensors) is a plain reference leak, fixed the same way.
+                let heavy = growth > 64 << 10;
+                let kind = if loss && heavy { SuspectKind::RetainedGraph } else { SuspectKind::ReferenceLeak };
+                let evidence = if loss && heavy {
+                    format!("{base}. They are allocated inside the loss function called at this line: a loss kept as a tensor keeps its autograd graph and what the loss saved for backward.")
+                } else if loss {
+                    format!("{base}. They are the loss values computed at this line ({} each): the loss tensor is kept (e.g. appended to a list) instead of its value.", fmt_bytes(growth))
                 } else {
                     format!("{base}. Tensors created at this line stay referenced after the iteration that made them.")
                 };

@@ -390,7 +390,7 @@ fn settings() -> impl Strategy<Value = (bool, Option<u64>)> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 3000, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 300, failure_persistence: None, ..ProptestConfig::default() })]
 
     /// A complete trace replays to the model's counters after every event, and to its layout.
     #[test]

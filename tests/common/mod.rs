@@ -1,0 +1,107 @@
+//! Shared helpers for the CLI tests: run the built `memsnap` binary and look at what it says.
+
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A command that runs longer than this is killed and the test fails: hostile input must
+/// never make memsnap hang. (A guard against hanging, not a timing assertion.)
+pub const KILL_AFTER: Duration = Duration::from_secs(20);
+
+/// What one run of the binary produced.
+#[derive(Debug)]
+pub struct Run {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+}
+
+impl Run {
+    /// Parse stdout as JSON, failing the test with stderr when it is not.
+    pub fn json(&self) -> serde_json::Value {
+        assert_eq!(self.code, Some(0), "memsnap failed: {}", self.stderr);
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", self.stdout))
+    }
+}
+
+/// The repository root (where `fixtures/` lives).
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn fixture(rel: &str) -> PathBuf {
+    root().join("fixtures").join(rel)
+}
+
+/// Run `memsnap ARGS` in `dir` (the repository root when `None`), feeding `stdin` if given.
+pub fn memsnap_in(dir: Option<&Path>, args: &[&str], stdin: Option<&[u8]>) -> Run {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_memsnap"));
+    cmd.args(args).current_dir(dir.map(Path::to_path_buf).unwrap_or_else(root));
+    cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let start = Instant::now();
+    let mut child = cmd.spawn().expect("spawn memsnap");
+    // Drain the pipes on threads so a chatty child can never block on a full pipe.
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let out_t = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = out.read_to_end(&mut s);
+        s
+    });
+    let err_t = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = err.read_to_end(&mut s);
+        s
+    });
+    if let Some(input) = stdin {
+        let mut pipe = child.stdin.take().unwrap();
+        let input = input.to_vec();
+        std::thread::spawn(move || {
+            let _ = pipe.write_all(&input);
+        });
+    }
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait for memsnap") {
+            break st;
+        }
+        if start.elapsed() > KILL_AFTER {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("memsnap {args:?} still running after {KILL_AFTER:?}: killed");
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    let elapsed = start.elapsed();
+    Run {
+        code: status.code(),
+        stdout: String::from_utf8_lossy(&out_t.join().unwrap()).into_owned(),
+        stderr: String::from_utf8_lossy(&err_t.join().unwrap()).into_owned(),
+        elapsed,
+    }
+}
+
+pub fn memsnap(args: &[&str]) -> Run {
+    memsnap_in(None, args, None)
+}
+
+/// `memsnap summary PATH --json`, parsed.
+pub fn summary_json(path: &Path) -> serde_json::Value {
+    let p = path.to_str().expect("utf-8 path");
+    memsnap(&["summary", p, "--json"]).json()
+}
+
+/// Files in `dir` whose names satisfy `keep`, sorted by name.
+pub fn files_in(dir: &Path, keep: impl Fn(&str) -> bool) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file() && p.file_name().and_then(|n| n.to_str()).is_some_and(&keep))
+        .collect();
+    v.sort();
+    v
+}

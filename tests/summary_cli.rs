@@ -1,0 +1,280 @@
+//! `memsnap summary --json` against ground truth and across encodings of the same snapshot.
+//!
+//! - Every real snapshot in `fixtures/{dev,multi,extra}` (and `../shared/snapshots/dev` when
+//!   present): per-device allocated/reserved bytes, segment and allocation counts equal the
+//!   numbers the live process reported at dump time (`*.truth.json`).
+//! - `fixtures/variants/` (made by `fixtures/gen/make_variants.py` from `s12_cuda_graph`): the
+//!   same object re-pickled at protocols 0–5 and compressed gives the same summary; reshaped
+//!   copies (legacy history, bare segment list, …) give the summary each shape implies.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{files_in, fixture, memsnap, memsnap_in, summary_json};
+use serde_json::{json, Value};
+
+// ------------------------------------------------------------------------------------------
+// Truth
+
+/// `NAME.truth.json` beside `NAME.pickle[.xz]` (`cpp_pickler.cpp.pickle` shares
+/// `cpp_pickler.truth.json` with its Python-path twin).
+fn truth_path(snapshot: &Path) -> PathBuf {
+    let name = snapshot.file_name().unwrap().to_str().unwrap();
+    let stem = &name[..name.find(".pickle").expect("a .pickle file")];
+    let stem = stem.strip_suffix(".cpp").unwrap_or(stem);
+    snapshot.with_file_name(format!("{stem}.truth.json"))
+}
+
+/// Compare one snapshot's summary with its truth file; returns the mismatches.
+fn check_truth(snapshot: &Path) -> Vec<String> {
+    let name = snapshot.display().to_string();
+    let truth: Value = serde_json::from_slice(&std::fs::read(truth_path(snapshot)).unwrap()).unwrap();
+    let out = summary_json(snapshot);
+    // Multi-device truth files have `at_dump_per_device`; the others are one device (0).
+    let per_device: Vec<(u64, &Value)> = match truth.get("at_dump_per_device").and_then(Value::as_object) {
+        Some(m) => m.iter().map(|(d, v)| (d.parse().unwrap(), v)).collect(),
+        None => vec![(truth.get("at_dump_device").and_then(Value::as_u64).unwrap_or(0), &truth["at_dump"])],
+    };
+    let devices = out["devices"].as_array().expect("devices");
+    let mut bad = Vec::new();
+    let got_ids: Vec<u64> = devices.iter().map(|d| d["device"].as_u64().unwrap()).collect();
+    let want_ids: Vec<u64> = {
+        let mut v: Vec<u64> = per_device.iter().map(|(d, _)| *d).collect();
+        v.sort_unstable();
+        v
+    };
+    if got_ids != want_ids {
+        bad.push(format!("{name}: devices {got_ids:?}, truth has {want_ids:?}"));
+    }
+    for (dev, t) in per_device {
+        let Some(d) = devices.iter().find(|d| d["device"] == dev) else { continue };
+        let mut eq = |what: &str, got: &Value, want: &Value| {
+            if got != want {
+                bad.push(format!("{name}: device {dev}: {what} = {got}, truth {want}"));
+            }
+        };
+        eq("allocated_bytes", &d["allocated_bytes"], &t["allocated"]);
+        eq("reserved_bytes", &d["reserved_bytes"], &t["reserved"]);
+        if let Some(n) = t.get("segment_count") {
+            eq("segment_count", &d["segment_count"], n);
+        }
+        if let Some(n) = t.get("allocation_count") {
+            eq("blocks_by_state.active_allocated", &d["blocks_by_state"]["active_allocated"], n);
+        }
+        if let Some(n) = t.get("active_bytes") {
+            eq("active_bytes", &d["active_bytes"], n);
+        }
+        // Sanity: the numbers are real (a reader that finds nothing cannot pass by accident).
+        assert!(t["allocated"].as_u64().unwrap() > 0, "{name}: truth without allocations");
+    }
+    bad
+}
+
+fn snapshots_in(dir: &Path) -> Vec<PathBuf> {
+    files_in(dir, |n| n.contains(".pickle") && !n.ends_with(".json"))
+}
+
+#[test]
+fn every_committed_snapshot_matches_its_truth() {
+    let mut checked = 0;
+    let mut bad = Vec::new();
+    for (dir, at_least) in [("dev", 17), ("multi", 3), ("extra", 6)] {
+        let files = snapshots_in(&fixture(dir));
+        assert!(files.len() >= at_least, "fixtures/{dir}: {} snapshots, expected {at_least}", files.len());
+        for f in files {
+            bad.extend(check_truth(&f));
+            checked += 1;
+        }
+    }
+    assert!(bad.is_empty(), "{} of {checked} snapshots disagree with truth:\n{}", bad.len(), bad.join("\n"));
+}
+
+#[test]
+fn shared_dev_snapshots_match_their_truth() {
+    let dir = common::root().join("../shared/snapshots/dev");
+    if !dir.is_dir() {
+        eprintln!("skip: {} not present (the committed copies in fixtures/dev are checked instead)", dir.display());
+        return;
+    }
+    let files = files_in(&dir, |n| n.ends_with(".pickle"));
+    assert!(files.len() >= 17, "{}: only {} snapshots", dir.display(), files.len());
+    let bad: Vec<String> = files.iter().flat_map(|f| check_truth(f)).collect();
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+// ------------------------------------------------------------------------------------------
+// Variants of one snapshot
+
+fn base() -> Value {
+    summary_json(&fixture("dev/s12_cuda_graph.pickle.xz"))
+}
+
+fn variant(name: &str) -> Value {
+    summary_json(&fixture(&format!("variants/{name}")))
+}
+
+/// The summary without the fields that describe the encoding rather than the content.
+fn content(v: &Value) -> Value {
+    let mut v = v.clone();
+    let o = v.as_object_mut().unwrap();
+    for k in ["file", "pickle_bytes", "pickle_protocol", "producer"] {
+        assert!(o.remove(k).is_some(), "summary lacks {k}");
+    }
+    v
+}
+
+fn device0(v: &Value) -> &Value {
+    let devs = v["devices"].as_array().unwrap();
+    assert_eq!(devs.len(), 1, "one device expected: {v}");
+    &devs[0]
+}
+
+#[test]
+fn base_variant_is_the_real_file() {
+    // The variants are made from fixtures/dev/s12_cuda_graph: pin what that file holds, so the
+    // comparisons below compare something (9 segments, a private pool, a trace).
+    let b = base();
+    let d = device0(&b);
+    assert_eq!(d["allocated_bytes"], 104_354_816);
+    assert_eq!(d["reserved_bytes"], 111_149_056);
+    assert_eq!(d["segment_count"], 9);
+    assert_eq!(d["block_count"], 18);
+    assert_eq!(d["blocks_by_state"], json!({"active_allocated": 13, "active_pending_free": 0, "inactive": 5}));
+    assert!(d["segments_by_pool"]["private"]["segments"].as_u64().unwrap() > 0);
+    assert_eq!(d["trace_entries"], 61);
+    assert_eq!(b["pickle_protocol"], 4);
+    assert_eq!(b["producer"], "python-pickler");
+    assert_eq!(b["unknown_keys"], json!({}));
+}
+
+#[test]
+fn repickled_and_compressed_copies_give_identical_json() {
+    let b = base();
+    let want = content(&b);
+    let p4_bytes = std::fs::metadata(fixture("variants/s12_p4.pickle")).unwrap().len();
+    assert_eq!(b["pickle_bytes"], p4_bytes, "the base is the protocol-4 file, xz-compressed");
+    let cases: &[(&str, u64)] = &[
+        ("s12_p0.pickle", 0),
+        ("s12_p1.pickle", 1),
+        ("s12_p2.pickle", 2),
+        ("s12_p3.pickle", 3),
+        ("s12_p4.pickle", 4),
+        ("s12_p5.pickle", 5),
+        ("s12_p4.pickle.gz", 4),
+        ("s12_p4.pickle.xz", 4),
+        ("s12_p4.pickle.zst", 4),
+        // zstd data under a .pickle name: detected by magic bytes, not by name.
+        ("s12_p4_zstd_misnamed.pickle", 4),
+        // Three NUL bytes after STOP, as in files embedded by _memory_viz.
+        ("s12_trailing_nul.pickle", 4),
+        // A frame filename with invalid UTF-8 (surrogatepass): decoded lossily, never fatal.
+        ("s12_surrogate_filename.pickle", 4),
+    ];
+    for &(name, protocol) in cases {
+        let v = variant(name);
+        assert_eq!(v["pickle_protocol"], protocol, "{name}");
+        assert_eq!(content(&v), want, "{name}: summary differs from the original");
+    }
+    assert_eq!(variant("s12_trailing_nul.pickle")["pickle_bytes"], p4_bytes + 3);
+    for name in ["s12_p4.pickle.gz", "s12_p4.pickle.xz", "s12_p4.pickle.zst"] {
+        assert_eq!(variant(name)["pickle_bytes"], p4_bytes, "{name}: decompressed size");
+    }
+}
+
+#[test]
+fn stdin_gives_the_same_summary_as_the_file() {
+    for name in ["s12_p4.pickle.xz", "s12_p0.pickle", "s12_p4.pickle.zst"] {
+        let bytes = std::fs::read(fixture(&format!("variants/{name}"))).unwrap();
+        let run = memsnap_in(None, &["summary", "-", "--json"], Some(&bytes));
+        let v = run.json();
+        assert_eq!(v["file"], "-");
+        assert_eq!(content(&v), content(&base()), "{name} through stdin");
+    }
+}
+
+#[test]
+fn legacy_history_blocks_without_trace() {
+    let b = base();
+    let v = variant("s12_legacy_history.pickle");
+    let (bd, vd) = (device0(&b), device0(&v));
+    for k in ["allocated_bytes", "reserved_bytes", "active_bytes", "segment_count", "block_count", "blocks_by_state", "segments_by_pool"] {
+        assert_eq!(vd[k], bd[k], "{k}");
+    }
+    // requested_size now comes from history[-1].real_size.
+    assert_eq!(vd["requested_bytes"], bd["requested_bytes"]);
+    assert_eq!(vd["trace_entries"], 0);
+    assert_eq!(vd["trace"], Value::Null);
+    let caveats = v["caveats"].to_string();
+    assert!(caveats.contains("legacy format (torch <= 2.0)"), "{caveats}");
+    assert!(caveats.contains("no trace"), "{caveats}");
+    assert_eq!(v["unknown_keys"], json!({}), "history is a known key");
+}
+
+#[test]
+fn bare_list_of_segments() {
+    let b = base();
+    let v = variant("s12_bare_segments.pickle");
+    let mut vd = device0(&v).clone();
+    let mut bd = device0(&b).clone();
+    for d in [&mut vd, &mut bd] {
+        let o = d.as_object_mut().unwrap();
+        o.remove("trace");
+        o.remove("trace_entries");
+    }
+    assert_eq!(vd, bd, "dump-time state is all in the segments");
+    assert_eq!(device0(&v)["trace_entries"], 0);
+    assert_eq!(v["allocator_settings"], json!({}));
+    assert!(v["caveats"].to_string().contains("bare list of segments"), "{}", v["caveats"]);
+}
+
+#[test]
+fn blocks_without_address() {
+    let b = base();
+    let v = variant("s12_no_block_address.pickle");
+    // Addresses derived from segment address + sizes give the same layout, so the same totals.
+    assert_eq!(v["devices"], b["devices"]);
+    let mut want = b["caveats"].as_array().unwrap().clone();
+    want.push(json!("18 blocks had no address; derived from segment address + sizes"));
+    assert_eq!(v["caveats"], Value::Array(want));
+}
+
+#[test]
+fn active_awaiting_free_is_pending() {
+    let b = base();
+    let v = variant("s12_awaiting_free.pickle");
+    let (bd, vd) = (device0(&b), device0(&v));
+    assert_eq!(vd["blocks_by_state"], json!({"active_allocated": 10, "active_pending_free": 3, "inactive": 5}));
+    // Pending blocks stay active (and requested) but are no longer allocated.
+    assert_eq!(vd["active_bytes"], bd["active_bytes"]);
+    assert_eq!(vd["requested_bytes"], bd["requested_bytes"]);
+    assert_eq!(vd["reserved_bytes"], bd["reserved_bytes"]);
+    assert!(vd["allocated_bytes"].as_u64() < bd["allocated_bytes"].as_u64());
+    assert_eq!(v["unknown_keys"], json!({}));
+}
+
+#[test]
+fn unknown_top_level_key_and_trace_action_are_counted() {
+    let b = base();
+    let v = variant("s12_unknown_key_action.pickle");
+    assert_eq!(v["unknown_keys"], json!({"memsnap_test_extension": 1}));
+    assert_eq!(v["unknown_actions"], json!({"teleport": 1}));
+    let (bd, vd) = (device0(&b), device0(&v));
+    assert_eq!(vd["trace_entries"], 62);
+    assert_eq!(vd["trace"]["actions"]["other"], 1);
+    assert_eq!(vd["trace"]["last_action"], "other");
+    for k in ["allocated_bytes", "reserved_bytes", "active_bytes", "requested_bytes", "blocks_by_state", "segments_by_pool"] {
+        assert_eq!(vd[k], bd[k], "{k}");
+    }
+}
+
+#[test]
+fn text_summary_reports_the_same_numbers() {
+    let run = memsnap(&["summary", fixture("dev/s12_cuda_graph.pickle.xz").to_str().unwrap()]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let allocated = run.stdout.lines().find(|l| l.contains("Allocated memory")).expect("Allocated memory row");
+    assert!(allocated.contains("104354816"), "{allocated}");
+    let reserved = run.stdout.lines().find(|l| l.contains("GPU reserved memory")).expect("reserved row");
+    assert!(reserved.contains("111149056"), "{reserved}");
+    assert!(run.stdout.contains("pickle protocol 4, producer python-pickler"), "{}", run.stdout);
+}
