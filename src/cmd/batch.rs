@@ -1,13 +1,652 @@
-//! `memsnap batch` (being written).
+//! `memsnap batch PATH... [-o rows.jsonl|rows.csv] [--jobs N]`: one row per snapshot over files,
+//! directories (walked recursively) and glob patterns, and a row with `error` for every file that
+//! cannot be read, then on to the next.
+//!
+//! Files are analysed on a pool of `--jobs` threads. They are admitted in input order against a
+//! budget of pickle bytes in flight, so an archive of multi-GB dumps never has more of them in
+//! memory at once than fit. Rows are written in input order whatever the thread count or timing:
+//! the output is byte-identical for every `--jobs`. See docs/batch.md.
 
+use std::collections::{BTreeMap, HashSet};
+use std::fs::File;
+use std::io::{self, BufWriter, IsTerminal, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::mpsc;
+
+use anyhow::Context;
+use memsnap_analysis::{Site, Suspect};
+use serde_json::{json, Value};
+
+use crate::cmd::analyze::{analyze_file, Analyzed};
+use crate::cmd::summary::lacks;
+use crate::input::{Compression, MAX_DECOMPRESSED};
+use crate::load::LoadError;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// One JSON object per line.
+    Jsonl,
+    /// Comma-separated values with a header line (RFC 4180 quoting).
+    Csv,
+}
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Snapshot file (`-` for stdin).
-    pub file: std::path::PathBuf,
+    /// Snapshot files, directories (walked recursively) and glob patterns such as
+    /// 'runs/**/*.pickle.gz'. In directories only *.pickle and *.pkl files (optionally .gz, .zst
+    /// or .xz) are read; a file named explicitly or matched by a pattern is always read.
+    #[arg(required = true, value_name = "PATH")]
+    pub paths: Vec<PathBuf>,
+    /// Where to write the rows; `.csv` writes CSV, anything else JSON Lines. Default: stdout.
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Row format, overriding the output file's extension.
+    #[arg(long, value_enum)]
+    pub format: Option<Format>,
+    /// Worker threads [default: the available cores].
+    #[arg(short, long, value_name = "N")]
+    pub jobs: Option<usize>,
+    /// Most pickle bytes (after decompression) being read at once, e.g. 8GiB [default: a third
+    /// of the available memory]. A file larger than this is read alone.
+    #[arg(long, value_name = "SIZE", value_parser = crate::size::parse)]
+    pub max_inflight_bytes: Option<u64>,
+    /// Suspects listed per row (the highest ranked).
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    pub top: usize,
 }
 
-pub fn run(_args: &Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`batch` is not available in this build yet")
+/// The numbers of one device that batch rows, check gates and diff share.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceFigures {
+    pub device: u32,
+    /// `memory_allocated()` / `memory_reserved()` at dump.
+    pub allocated_bytes: u64,
+    pub reserved_bytes: u64,
+    /// Largest allocated / reserved bytes over the replayed trace, and never below the dump.
+    pub peak_allocated_bytes: u64,
+    pub peak_reserved_bytes: u64,
+}
+
+/// Per-device figures, in the analysis' device order (ascending).
+pub fn device_figures(a: &Analyzed) -> Vec<DeviceFigures> {
+    let totals = a.loaded.snapshot.device_totals();
+    a.analysis
+        .devices
+        .iter()
+        .map(|da| {
+            let t = totals.iter().find(|t| t.device == da.device);
+            let allocated_bytes = t.map_or(0, |t| t.allocated_bytes);
+            let reserved_bytes = t.map_or(0, |t| t.reserved_bytes);
+            let peaks = a.replay.device(da.device).map(|r| r.peaks).unwrap_or_default();
+            DeviceFigures {
+                device: da.device,
+                allocated_bytes,
+                reserved_bytes,
+                peak_allocated_bytes: peaks.allocated.value.max(allocated_bytes),
+                peak_reserved_bytes: peaks.reserved.value.max(reserved_bytes),
+            }
+        })
+        .collect()
+}
+
+/// The reason a file could not be loaded, without the path (the row already says it).
+pub fn load_error_text(e: &LoadError) -> String {
+    match e {
+        LoadError::Io { source, .. } => source.to_string(),
+        LoadError::Read { source, .. } => source.to_string(),
+    }
+}
+
+/// A site as one short string: `file.py:12 (function)`, or `-` without a user frame.
+fn site_text(site: Option<&Site>) -> String {
+    site.map_or_else(|| "-".to_string(), |s| format!("{}:{} ({})", s.filename, s.line, s.function))
+}
+
+/// What one row says about a readable file.
+struct Figures {
+    pickle_bytes: u64,
+    compression: &'static str,
+    producer: &'static str,
+    devices: Vec<DeviceFigures>,
+    suspect_count: usize,
+    top_suspects: Vec<Suspect>,
+    caveats: Vec<String>,
+}
+
+struct Row {
+    /// The path as given (or as found under a directory given).
+    path: String,
+    /// Size of the file as stored; `None` when it could not even be looked at.
+    file_bytes: Option<u64>,
+    result: Result<Figures, String>,
+}
+
+fn analyze_row(path: &Path, shown: String, top: usize) -> Row {
+    match analyze_file(path) {
+        Ok(a) => {
+            let suspects = a.analysis.suspects();
+            let mut caveats = lacks(&a.loaded.snapshot);
+            for da in &a.analysis.devices {
+                caveats.extend(da.caveats.iter().map(|c| format!("device {}: {c}", da.device)));
+            }
+            let figures = Figures {
+                pickle_bytes: a.loaded.pickle_bytes,
+                compression: a.loaded.compression.name(),
+                producer: a.loaded.snapshot.source.producer.name(),
+                devices: device_figures(&a),
+                suspect_count: suspects.len(),
+                top_suspects: suspects.into_iter().take(top).cloned().collect(),
+                caveats,
+            };
+            Row { path: shown, file_bytes: Some(a.loaded.file_bytes), result: Ok(figures) }
+        }
+        Err(e) => {
+            let file_bytes = if path.as_os_str() == "-" { None } else { std::fs::metadata(path).ok().map(|m| m.len()) };
+            Row { path: shown, file_bytes, result: Err(load_error_text(&e)) }
+        }
+    }
+}
+
+impl Figures {
+    fn allocated(&self) -> u64 {
+        self.devices.iter().map(|d| d.allocated_bytes).sum()
+    }
+    fn reserved(&self) -> u64 {
+        self.devices.iter().map(|d| d.reserved_bytes).sum()
+    }
+    /// The device with the largest peak of allocated bytes (the first such on a tie).
+    fn peak_device(&self) -> Option<&DeviceFigures> {
+        self.devices.iter().rev().max_by_key(|d| d.peak_allocated_bytes)
+    }
+    fn peak_reserved(&self) -> u64 {
+        self.devices.iter().map(|d| d.peak_reserved_bytes).max().unwrap_or(0)
+    }
+}
+
+const CSV_COLUMNS: [&str; 16] = [
+    "path",
+    "file_bytes",
+    "pickle_bytes",
+    "compression",
+    "producer",
+    "devices",
+    "allocated_bytes",
+    "reserved_bytes",
+    "peak_allocated_bytes",
+    "peak_reserved_bytes",
+    "peak_device",
+    "suspect_count",
+    "top_suspect_kinds",
+    "top_suspect_sites",
+    "caveats",
+    "error",
+];
+
+fn row_json(row: &Row) -> Value {
+    let mut v = json!({
+        "schema_version": 1,
+        "path": row.path,
+        "file_bytes": row.file_bytes,
+        "pickle_bytes": null,
+        "compression": null,
+        "producer": null,
+        "devices": null,
+        "allocated_bytes": null,
+        "reserved_bytes": null,
+        "peak_allocated_bytes": null,
+        "peak_reserved_bytes": null,
+        "peak_device": null,
+        "per_device": null,
+        "suspect_count": null,
+        "top_suspects": null,
+        "caveats": null,
+        "error": null,
+    });
+    match &row.result {
+        Err(e) => v["error"] = json!(e),
+        Ok(f) => {
+            v["pickle_bytes"] = json!(f.pickle_bytes);
+            v["compression"] = json!(f.compression);
+            v["producer"] = json!(f.producer);
+            v["devices"] = json!(f.devices.iter().map(|d| d.device).collect::<Vec<_>>());
+            v["allocated_bytes"] = json!(f.allocated());
+            v["reserved_bytes"] = json!(f.reserved());
+            v["peak_allocated_bytes"] = json!(f.peak_device().map_or(0, |d| d.peak_allocated_bytes));
+            v["peak_reserved_bytes"] = json!(f.peak_reserved());
+            v["peak_device"] = json!(f.peak_device().map(|d| d.device));
+            v["per_device"] = json!(f
+                .devices
+                .iter()
+                .map(|d| json!({
+                    "device": d.device,
+                    "allocated_bytes": d.allocated_bytes,
+                    "reserved_bytes": d.reserved_bytes,
+                    "peak_allocated_bytes": d.peak_allocated_bytes,
+                    "peak_reserved_bytes": d.peak_reserved_bytes,
+                }))
+                .collect::<Vec<_>>());
+            v["suspect_count"] = json!(f.suspect_count);
+            v["top_suspects"] = json!(f
+                .top_suspects
+                .iter()
+                .map(|s| json!({
+                    "kind": s.kind.name(),
+                    "device": s.device,
+                    "bytes": s.bytes,
+                    "confidence": (s.confidence * 100.0).round() / 100.0,
+                    "site": s.site.as_ref().map(|x| json!({"filename": x.filename, "line": x.line, "function": x.function})),
+                }))
+                .collect::<Vec<_>>());
+            v["caveats"] = json!(f.caveats);
+        }
+    }
+    v
+}
+
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+fn row_csv(row: &Row) -> String {
+    let opt = |v: Option<u64>| v.map_or(String::new(), |v| v.to_string());
+    let cells: Vec<String> = match &row.result {
+        Err(e) => {
+            let mut c = vec![row.path.clone(), opt(row.file_bytes)];
+            c.resize(CSV_COLUMNS.len() - 1, String::new());
+            c.push(e.clone());
+            c
+        }
+        Ok(f) => vec![
+            row.path.clone(),
+            opt(row.file_bytes),
+            f.pickle_bytes.to_string(),
+            f.compression.to_string(),
+            f.producer.to_string(),
+            f.devices.iter().map(|d| d.device.to_string()).collect::<Vec<_>>().join(";"),
+            f.allocated().to_string(),
+            f.reserved().to_string(),
+            f.peak_device().map_or(0, |d| d.peak_allocated_bytes).to_string(),
+            f.peak_reserved().to_string(),
+            f.peak_device().map_or(String::new(), |d| d.device.to_string()),
+            f.suspect_count.to_string(),
+            f.top_suspects.iter().map(|s| s.kind.name()).collect::<Vec<_>>().join(";"),
+            f.top_suspects.iter().map(|s| site_text(s.site.as_ref())).collect::<Vec<_>>().join(";"),
+            f.caveats.join(" | "),
+            String::new(),
+        ],
+    };
+    let mut line = cells.iter().map(|c| csv_field(c)).collect::<Vec<_>>().join(",");
+    line.push('\n');
+    line
+}
+
+/// One input the rows are about, in output order.
+enum Input {
+    File { shown: String, path: PathBuf },
+    /// An argument (or a directory under one) that failed before any file could be read.
+    Error { shown: String, message: String },
+}
+
+#[derive(Default)]
+struct Discovery {
+    inputs: Vec<Input>,
+    /// Files in walked directories whose names do not look like snapshots.
+    skipped: usize,
+    /// Canonical paths of the files already listed: a file reached twice gets one row.
+    seen: HashSet<PathBuf>,
+    /// Canonical paths of the directories walked, against symlink loops.
+    walked: HashSet<PathBuf>,
+}
+
+/// `*.pickle` or `*.pkl`, optionally compressed (`.gz`, `.gzip`, `.zst`, `.zstd`, `.xz`);
+/// case-insensitive.
+pub fn is_snapshot_name(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    let base = [".gz", ".gzip", ".zst", ".zstd", ".xz"].iter().find_map(|ext| lower.strip_suffix(ext)).unwrap_or(&lower);
+    base.ends_with(".pickle") || base.ends_with(".pkl")
+}
+
+fn is_pattern(p: &Path) -> bool {
+    p.to_str().is_some_and(|s| s.contains(['*', '?', '[']))
+}
+
+impl Discovery {
+    fn add_file(&mut self, path: PathBuf) {
+        if path.as_os_str() != "-" {
+            let key = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
+            if !self.seen.insert(key) {
+                return;
+            }
+        }
+        self.inputs.push(Input::File { shown: path.display().to_string(), path });
+    }
+
+    fn add_error(&mut self, path: &Path, message: String) {
+        self.inputs.push(Input::Error { shown: path.display().to_string(), message });
+    }
+
+    /// Add an existing path: a directory is walked, anything else is read as a snapshot.
+    fn add_path(&mut self, path: PathBuf) {
+        if std::fs::metadata(&path).is_ok_and(|m| m.is_dir()) {
+            let before = self.inputs.len();
+            self.walk(&path);
+            if self.inputs.len() == before {
+                eprintln!(
+                    "memsnap: warning: {}: no snapshot files (*.pickle, *.pkl, optionally .gz/.zst/.xz) in this directory",
+                    path.display()
+                );
+            }
+        } else {
+            self.add_file(path);
+        }
+    }
+
+    fn walk(&mut self, dir: &Path) {
+        let key = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+        if !self.walked.insert(key) {
+            return;
+        }
+        let mut entries: Vec<std::ffi::OsString> = match std::fs::read_dir(dir).and_then(|r| r.map(|e| e.map(|e| e.file_name())).collect()) {
+            Ok(v) => v,
+            Err(e) => return self.add_error(dir, format!("cannot read directory: {e}")),
+        };
+        entries.sort();
+        for name in entries {
+            let text = name.to_string_lossy();
+            // Hidden files and directories (.git, editor swap files) are never snapshots.
+            if text.starts_with('.') {
+                continue;
+            }
+            let path = dir.join(&name);
+            if std::fs::metadata(&path).is_ok_and(|m| m.is_dir()) {
+                self.walk(&path);
+            } else if is_snapshot_name(&text) {
+                self.add_file(path);
+            } else {
+                self.skipped += 1;
+            }
+        }
+    }
+
+    fn add_arg(&mut self, arg: &Path) {
+        if arg.as_os_str() == "-" || arg.exists() {
+            return self.add_path(arg.to_path_buf());
+        }
+        if !is_pattern(arg) {
+            let e = std::fs::metadata(arg).err().map_or_else(|| "not found".to_string(), |e| e.to_string());
+            return self.add_error(arg, e);
+        }
+        let pattern = arg.to_string_lossy();
+        let opts = glob::MatchOptions { case_sensitive: true, require_literal_separator: true, require_literal_leading_dot: true };
+        let paths = match glob::glob_with(&pattern, opts) {
+            Ok(p) => p,
+            Err(e) => return self.add_error(arg, format!("invalid glob pattern: {e}")),
+        };
+        let mut matched = false;
+        for entry in paths {
+            matched = true;
+            match entry {
+                Ok(p) => self.add_path(p),
+                Err(e) => {
+                    let path = e.path().to_path_buf();
+                    self.add_error(&path, format!("cannot read directory: {}", e.error()));
+                }
+            }
+        }
+        if !matched {
+            self.add_error(arg, "no file matches this pattern".into());
+        }
+    }
+}
+
+/// Estimated pickle bytes of a file: its size, or for a compressed file the size it
+/// decompresses to as its own header or index says (gzip ISIZE, zstd frame content size, xz
+/// index), else 32 times its size. Never above what the reader would accept.
+fn estimate_pickle_bytes(path: &Path) -> u64 {
+    let Ok(mut f) = File::open(path) else { return 0 };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut head = [0u8; 18];
+    let n = read_up_to(&mut f, &mut head);
+    let estimate = match Compression::detect(&head[..n]) {
+        Compression::None => Some(len),
+        Compression::Gzip => tail_u32(&mut f, len).map(|isize| u64::from(isize).max(len)),
+        Compression::Zstd => zstd::zstd_safe::get_frame_content_size(&head[..n]).ok().flatten(),
+        Compression::Xz => xz_uncompressed_size(&mut f, len),
+    };
+    estimate.unwrap_or(len.saturating_mul(32)).min(MAX_DECOMPRESSED)
+}
+
+fn read_up_to(f: &mut File, buf: &mut [u8]) -> usize {
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read(&mut buf[n..]) {
+            Ok(0) | Err(_) => break,
+            Ok(k) => n += k,
+        }
+    }
+    n
+}
+
+fn read_at(f: &mut File, offset: u64, buf: &mut [u8]) -> Option<()> {
+    f.seek(SeekFrom::Start(offset)).ok()?;
+    (read_up_to(f, buf) == buf.len()).then_some(())
+}
+
+/// The last four bytes, little-endian (gzip's ISIZE: the uncompressed size modulo 2³²).
+fn tail_u32(f: &mut File, len: u64) -> Option<u32> {
+    let mut b = [0u8; 4];
+    read_at(f, len.checked_sub(4)?, &mut b)?;
+    Some(u32::from_le_bytes(b))
+}
+
+/// Sum of the uncompressed sizes in the indexes of an xz file's streams, read from the end.
+fn xz_uncompressed_size(f: &mut File, len: u64) -> Option<u64> {
+    fn varint(b: &[u8], pos: &mut usize) -> Option<u64> {
+        let mut v = 0u64;
+        for i in 0..9 {
+            let byte = *b.get(*pos)?;
+            *pos += 1;
+            v |= u64::from(byte & 0x7f) << (7 * i);
+            if byte & 0x80 == 0 {
+                return Some(v);
+            }
+        }
+        None
+    }
+    let mut end = len;
+    let mut total = 0u64;
+    for _ in 0..1024 {
+        // Stream padding: zero bytes in groups of four between and after streams.
+        let mut word = [0u8; 4];
+        while end >= 4 && read_at(f, end - 4, &mut word).is_some() && word == [0; 4] {
+            end -= 4;
+        }
+        let mut footer = [0u8; 12];
+        read_at(f, end.checked_sub(12)?, &mut footer)?;
+        if &footer[10..12] != b"YZ" {
+            return None;
+        }
+        let index_size = (u64::from(u32::from_le_bytes(footer[4..8].try_into().ok()?)) + 1) * 4;
+        let index_start = end.checked_sub(12 + index_size)?;
+        let mut index = vec![0u8; usize::try_from(index_size).ok().filter(|&n| n <= 64 << 20)?];
+        read_at(f, index_start, &mut index)?;
+        let mut pos = 1; // index indicator 0x00
+        if index[0] != 0 {
+            return None;
+        }
+        let records = varint(&index, &mut pos)?;
+        let mut blocks = 0u64;
+        for _ in 0..records {
+            let unpadded = varint(&index, &mut pos)?;
+            total = total.checked_add(varint(&index, &mut pos)?)?;
+            blocks = blocks.checked_add(unpadded.checked_add(3)? / 4 * 4)?;
+        }
+        let start = index_start.checked_sub(blocks)?.checked_sub(12)?;
+        if start == 0 {
+            return Some(total);
+        }
+        end = start;
+    }
+    None
+}
+
+/// Memory this process may still use: `MemAvailable`, lowered by a cgroup v2 limit if any.
+fn available_memory() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: u64 = meminfo.lines().find_map(|l| l.strip_prefix("MemAvailable:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    let mut avail = kib * 1024;
+    let cg = |f: &str| std::fs::read_to_string(format!("/sys/fs/cgroup/{f}")).ok().and_then(|s| s.trim().parse::<u64>().ok());
+    if let (Some(max), Some(cur)) = (cg("memory.max"), cg("memory.current")) {
+        avail = avail.min(max.saturating_sub(cur));
+    }
+    Some(avail)
+}
+
+/// A third of the available memory: reading a snapshot peaks at about 1.5 times its pickle
+/// bytes (the mapped or decompressed pickle, then the model, replay and analysis), and the rest
+/// is headroom for the system.
+fn default_budget() -> u64 {
+    (available_memory().unwrap_or(12 << 30) / 3).max(256 << 20)
+}
+
+fn open_output(args: &Args) -> anyhow::Result<(Box<dyn Write>, Format, String)> {
+    match &args.output {
+        Some(p) if p.as_os_str() != "-" => {
+            let ext_csv = p.extension().is_some_and(|e| e.eq_ignore_ascii_case("csv"));
+            let format = args.format.unwrap_or(if ext_csv { Format::Csv } else { Format::Jsonl });
+            let f = File::create(p).with_context(|| format!("cannot create {}", p.display()))?;
+            Ok((Box::new(BufWriter::new(f)), format, p.display().to_string()))
+        }
+        _ => Ok((Box::new(BufWriter::new(io::stdout())), args.format.unwrap_or(Format::Jsonl), "stdout".into())),
+    }
+}
+
+pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    let jobs = args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    anyhow::ensure!(jobs >= 1, "--jobs must be at least 1");
+    let budget = args.max_inflight_bytes.unwrap_or_else(default_budget);
+
+    let mut disc = Discovery::default();
+    for arg in &args.paths {
+        disc.add_arg(arg);
+    }
+    let (mut out, format, out_name) = open_output(args)?;
+    if format == Format::Csv {
+        writeln!(out, "{}", CSV_COLUMNS.join(","))?;
+    }
+
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(jobs)
+        // Reading happens on these threads rather than the main one: give them its usual stack.
+        .stack_size(8 << 20)
+        .thread_name(|i| format!("memsnap-batch-{i}"))
+        .build()?;
+    let inputs = disc.inputs;
+    let progress = if io::stderr().is_terminal() {
+        let pb = indicatif::ProgressBar::with_draw_target(Some(inputs.len() as u64), indicatif::ProgressDrawTarget::stderr());
+        if let Ok(style) = indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {wide_msg}") {
+            pb.set_style(style.progress_chars("=> "));
+        }
+        pb
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+
+    // Admission runs on this thread, outside the pool, and workers never wait: a worker blocked
+    // on the budget could otherwise be handed another file's task by rayon's work stealing while
+    // it holds the budget itself, and deadlock.
+    let (tx, rx) = mpsc::channel::<(usize, Row, u64)>();
+    let (mut next, mut running, mut in_flight) = (0usize, 0usize, 0u64);
+    let mut next_cost: Option<u64> = None;
+    let mut done: BTreeMap<usize, Row> = BTreeMap::new();
+    let (mut written, mut errors) = (0usize, 0usize);
+    loop {
+        while next < inputs.len() {
+            match &inputs[next] {
+                Input::Error { shown, message } => {
+                    done.insert(next, Row { path: shown.clone(), file_bytes: None, result: Err(message.clone()) });
+                    progress.inc(1);
+                }
+                Input::File { shown, path } => {
+                    let cost = *next_cost.get_or_insert_with(|| if path.as_os_str() == "-" { 0 } else { estimate_pickle_bytes(path) });
+                    if running > 0 && (running >= jobs || in_flight.saturating_add(cost) > budget) {
+                        break;
+                    }
+                    next_cost = None;
+                    running += 1;
+                    in_flight = in_flight.saturating_add(cost);
+                    let (tx, index, path, shown, top) = (tx.clone(), next, path.clone(), shown.clone(), args.top);
+                    pool.spawn(move || {
+                        let row = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| analyze_row(&path, shown.clone(), top)))
+                            .unwrap_or_else(|panic| {
+                                let what = panic
+                                    .downcast_ref::<&str>()
+                                    .map(|s| s.to_string())
+                                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                                    .unwrap_or_default();
+                                Row { path: shown, file_bytes: None, result: Err(format!("internal error (a bug in memsnap): {what}")) }
+                            });
+                        let _ = tx.send((index, row, cost));
+                    });
+                }
+            }
+            next += 1;
+        }
+        // Write every row whose predecessors are all written.
+        while let Some(row) = done.remove(&written) {
+            errors += usize::from(row.result.is_err());
+            let line = match format {
+                Format::Jsonl => serde_json::to_string(&row_json(&row))? + "\n",
+                Format::Csv => row_csv(&row),
+            };
+            out.write_all(line.as_bytes())?;
+            written += 1;
+        }
+        if running == 0 {
+            break;
+        }
+        let (index, row, cost) = rx.recv().context("a batch worker stopped")?;
+        running -= 1;
+        in_flight -= cost;
+        progress.set_message(row.path.clone());
+        progress.inc(1);
+        done.insert(index, row);
+    }
+    out.flush()?;
+    progress.finish_and_clear();
+
+    let skipped = if disc.skipped > 0 {
+        format!("; {} other files in the directories skipped by name", disc.skipped)
+    } else {
+        String::new()
+    };
+    eprintln!("memsnap batch: {written} rows ({errors} unreadable) written to {out_name}{skipped}");
+    Ok(if errors > 0 { ExitCode::from(2) } else { ExitCode::SUCCESS })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_names() {
+        for yes in ["a.pickle", "a.PKL", "a.pickle.gz", "a.pkl.zst", "a.pickle.xz", "a.pickle.zstd", "snap.rank1.pickle"] {
+            assert!(is_snapshot_name(yes), "{yes}");
+        }
+        for no in ["a.json", "a.truth.json", "a.txt", "README.md", "a.pt", "a.pickle.json", "pickle", "a.gz"] {
+            assert!(!is_snapshot_name(no), "{no}");
+        }
+    }
+
+    #[test]
+    fn csv_quoting() {
+        assert_eq!(csv_field("plain"), "plain");
+        assert_eq!(csv_field("a,b"), "\"a,b\"");
+        assert_eq!(csv_field("say \"hi\""), "\"say \"\"hi\"\"\"");
+    }
 }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use memsnap_model::{BlockState, SegmentType, Snapshot, TraceEvent};
-use memsnap_replay::{event_at_time, DeviceReplay, MemoryMap, SegmentStats, SegmentView};
+use memsnap_replay::{event_at_time, DeviceReplay, MemoryMap, Replay, SegmentStats, SegmentView};
 use serde_json::{json, Value};
 
 use crate::cmd::emit;
@@ -73,11 +73,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let loaded = load(&args.file)?;
     let snap = &loaded.snapshot;
     let replay = memsnap_replay::replay(snap);
-    let devices: Vec<&DeviceReplay> =
-        replay.devices.iter().filter(|d| args.device.map_or(true, |want| d.device == want)).collect();
-    if let Some(want) = args.device.filter(|_| devices.is_empty()) {
-        anyhow::bail!("device {want} is not in the snapshot");
-    }
+    let devices = select_devices(&replay, args.device)?;
     let maps: Vec<(&DeviceReplay, MemoryMap)> =
         devices.into_iter().map(|d| (d, args.at.state(d, events(snap, d.device)))).collect();
     let out = if args.json {
@@ -105,6 +101,16 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
 
 fn events(snap: &Snapshot, device: u32) -> &[TraceEvent] {
     snap.trace(device).map_or(&[], |t| t.events.as_slice())
+}
+
+/// The devices to show: all, or the one asked for.
+pub(crate) fn select_devices(replay: &Replay, device: Option<u32>) -> anyhow::Result<Vec<&DeviceReplay>> {
+    let devices: Vec<&DeviceReplay> =
+        replay.devices.iter().filter(|d| device.is_none() || device == Some(d.device)).collect();
+    match device {
+        Some(want) if devices.is_empty() => anyhow::bail!("device {want} is not in the snapshot"),
+        _ => Ok(devices),
+    }
 }
 
 /// Bytes with a binary unit, two decimals (`20.00 MiB`).
@@ -207,7 +213,7 @@ fn device_text(s: &mut String, snap: &Snapshot, d: &DeviceReplay, m: &MemoryMap)
     let _ = writeln!(
         s,
         "{:<16} {:<5} {:>5} {:>11} {:>11} {:>11} {:>11} {:>11} {:>5} {:>11} {:>5}  map (# allocated, + pending, . free)",
-        "address", "type", "x", "size", "allocated", "requested", "pending", "free", "holes", "largest", "frag"
+        "address", "type", "flags", "size", "allocated", "requested", "pending", "free", "holes", "largest", "frag"
     );
     let mut total = SegmentStats::default();
     let mut reserved = 0;
@@ -253,7 +259,7 @@ fn device_text(s: &mut String, snap: &Snapshot, d: &DeviceReplay, m: &MemoryMap)
     let free = total.free_bytes + internal;
     let _ = writeln!(
         s,
-        "segments: {}  (x: e expandable, g CUDA-graph pool, s side stream)",
+        "segments: {}  (flags: e expandable, g CUDA-graph pool, s side stream)",
         m.segments.len()
     );
     let _ = writeln!(s, "total_reserved: {}", fmt_bytes(reserved));

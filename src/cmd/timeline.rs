@@ -10,7 +10,7 @@ use memsnap_replay::{DeviceReplay, Peak};
 use serde_json::{json, Value};
 
 use crate::cmd::emit;
-use crate::cmd::segments::fmt_bytes;
+use crate::cmd::segments::{fmt_bytes, select_devices};
 use crate::cmd::summary::file_name;
 use crate::load::load;
 
@@ -40,11 +40,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let loaded = load(&args.file)?;
     let snap = &loaded.snapshot;
     let replay = memsnap_replay::replay(snap);
-    let devices: Vec<&DeviceReplay> =
-        replay.devices.iter().filter(|d| args.device.map_or(true, |want| d.device == want)).collect();
-    if let Some(want) = args.device.filter(|_| devices.is_empty()) {
-        anyhow::bail!("device {want} is not in the snapshot");
-    }
+    let devices = select_devices(&replay, args.device)?;
     let every = args.every as usize;
     let events_of = |d: &DeviceReplay| snap.trace(d.device).map_or(&[][..], |t| t.events.as_slice());
 
@@ -170,6 +166,9 @@ fn peak_json(p: &Peak) -> Value {
     json!({"bytes": p.value, "event_index": p.event_index, "time_us": p.time_us})
 }
 
+/// A named column and how to write its value for an event.
+type Column<'a> = (&'a str, &'a dyn Fn(&mut String, usize));
+
 /// One device as JSON: facts, then the series as columns of equal length.
 fn write_device_json(out: &mut String, d: &DeviceReplay, events: &[TraceEvent], every: usize) -> anyhow::Result<()> {
     let facts = json!({
@@ -196,7 +195,7 @@ fn write_device_json(out: &mut String, d: &DeviceReplay, events: &[TraceEvent], 
     let number = |out: &mut String, v: u64| {
         let _ = write!(out, "{v}");
     };
-    let columns: [(&str, &dyn Fn(&mut String, usize)); 7] = [
+    let columns: [Column; 7] = [
         ("event", &|out, i| number(out, i as u64)),
         ("time_us", &|out, i| {
             let e = &events[i];

@@ -10,7 +10,7 @@ use memsnap_model::{classify_filename, Action, FrameKind, Snapshot, StackId};
 use memsnap_replay::DeviceReplay;
 
 use crate::cmd::emit;
-use crate::cmd::segments::fmt_bytes;
+use crate::cmd::segments::{fmt_bytes, select_devices};
 use crate::load::load;
 
 #[derive(clap::Args)]
@@ -29,11 +29,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let loaded = load(&args.file)?;
     let snap = &loaded.snapshot;
     let replay = memsnap_replay::replay(snap);
-    let devices: Vec<&DeviceReplay> =
-        replay.devices.iter().filter(|d| args.device.map_or(true, |want| d.device == want)).collect();
-    if let Some(want) = args.device.filter(|_| devices.is_empty()) {
-        anyhow::bail!("device {want} is not in the snapshot");
-    }
+    let devices = select_devices(&replay, args.device)?;
     let mut sites = Sites::new(snap);
     let mut out = String::with_capacity(PIECE + 4096);
     let _ = writeln!(out, "memsnap trace: {}", loaded.path.display());

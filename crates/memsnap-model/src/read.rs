@@ -131,6 +131,8 @@ struct Builder {
     stack_ids: HashMap<Vec<FrameId>, u32>,
     /// heap string index → key code (u8::MAX = not yet decoded).
     key_cache: Vec<u8>,
+    /// The `frames` list of the event converted last (for freezing).
+    last_frames_list: Option<u32>,
     /// heap string index → action.
     action_cache: Vec<Option<Action>>,
     /// Interned id of "N/A" (the `compile_context` of events outside torch.compile).
@@ -233,13 +235,6 @@ impl Builder {
             self.action_cache.resize(heap.strs.len().max(i + 1), None);
         }
         *self.action_cache[i].get_or_insert_with(|| Action::parse(heap.str(s)))
-    }
-
-    /// The cached key code of a heap string, if already decoded.
-    fn key_known(&self, k: Value) -> Option<Key> {
-        let Value::Str(s) = k else { return None };
-        let code = *self.key_cache.get(s as usize)?;
-        (code != u8::MAX).then(|| KEYS[code as usize])
     }
 
     fn key(&mut self, heap: &Heap<'_>, k: Value) -> Key {
@@ -424,6 +419,9 @@ impl Builder {
                 }
                 Key::Frames => {
                     ev.stack = self.stack(heap, v)?;
+                    if let Value::List(l) = v {
+                        self.last_frames_list = Some(l);
+                    }
                 }
                 Key::CompileContext => {
                     let s = self.text(heap, v, "compile_context")?;
@@ -508,16 +506,12 @@ impl Compactor for Builder {
         // Only trace entries: dicts with a string `action`. Everything else (frames, blocks,
         // segments) stays generic. Any type problem leaves the dict generic too, so the
         // converter reports it with its full key path.
-        let items = heap.dict(dict);
-        let has_action = items.iter().any(|&(k, v)| matches!(v, Value::Str(_)) && self.key(heap, k) == Key::Action);
-        if !has_action {
-            return None;
-        }
+        self.last_frames_list = None;
         let mut unknown = Vec::new();
         let ev = self.event(heap, dict, &mut unknown).ok()?;
         // The event's `frames` list is now a stack id; freeze it (its token is the stack id)
         // so its elements can be dropped.
-        if let Some(Value::List(l)) = heap.dict_get_where(dict, |k| self.key_known(k) == Some(Key::Frames)) {
+        if let Some(l) = self.last_frames_list {
             if matches!(heap.list(l), ListStore::Values(v) if !v.is_empty()) {
                 freeze.push((l, ev.stack.0));
                 self.stack_cache.remove(&l);

@@ -253,6 +253,15 @@ impl<'a> Vm<'a, '_> {
             self.stack.push(Value::Int(0));
             return Ok(());
         }
+        // Fast path: addresses and timestamps are 6–8 byte LONG1s.
+        if b.len() <= 8 {
+            let mut buf = [0u8; 8];
+            buf[..b.len()].copy_from_slice(b);
+            let shift = 64 - 8 * b.len() as u32;
+            let v = (i64::from_le_bytes(buf) << shift) >> shift;
+            self.stack.push(Value::Int(v));
+            return Ok(());
+        }
         // Strip redundant sign-extension bytes, then require at most 16 significant bytes.
         let neg = b[b.len() - 1] & 0x80 != 0;
         let mut n = b.len();

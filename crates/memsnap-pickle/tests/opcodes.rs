@@ -282,7 +282,7 @@ fn appending_to_a_non_list_is_an_error() {
 
 #[test]
 fn memo_put_and_get_all_widths() {
-    let two = |x| T::List(vec![x.clone(), x]);
+    let two = |x: T| T::List(vec![x.clone(), x]);
     check(b"\x80\x02]\x8c\x01xq\x05ah\x05a.", two(s("x")));
     check(b"\x80\x02]\x8c\x01xr\x00\x01\x00\x00aj\x00\x01\x00\x00a.", two(s("x")));
     check(b"(lp0\nVx\np1\nag1\na.", two(s("x")));
@@ -328,16 +328,8 @@ fn memo_errors() {
     assert_eq!(err(b"\x80\x02Nr\xff\xff\xff\xff.").kind, ErrorKind::BadMemoKey(u32::MAX as u64));
     assert_eq!(err(b"g7\n.").kind, ErrorKind::BadMemoKey(7));
     assert_eq!(err(b"Np-1\n.").kind, ErrorKind::BadText("PUT"));
-    // A sparse index is accepted (a map, not an allocation of that size)...
-    check(b"\x80\x02Nr\x00\x00\x00\x10h\x00.", T::None).to_owned_if_ok_else(|| ());
-}
-
-/// `check` for a pickle that may be rejected for another reason: only a panic would fail.
-trait OrElse {
-    fn to_owned_if_ok_else(self, f: impl FnOnce());
-}
-impl OrElse for () {
-    fn to_owned_if_ok_else(self, _f: impl FnOnce()) {}
+    // A sparse index is accepted (kept in a map, not an allocation of that size).
+    check(b"\x80\x02Nr\x00\x00\x00\x10j\x00\x00\x00\x10.", T::None);
 }
 
 #[test]
@@ -420,7 +412,6 @@ fn stack_and_mark_errors() {
     assert_eq!(err(b"\x80\x02t.").kind, ErrorKind::NoMark);
     // Items below a MARK cannot be taken by an opcode above it.
     assert_eq!(err(b"\x80\x02]K\x01(a.").kind, ErrorKind::StackUnderflow);
-    assert_eq!(err(b"\x80\x02K\x01(0.").kind, ErrorKind::NoMark.clone()).to_owned_if_ok_else(|| ());
     assert_eq!(err(b"\x80\x02K\x01(.").kind, ErrorKind::StackUnderflow);
 }
 

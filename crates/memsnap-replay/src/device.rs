@@ -11,7 +11,7 @@ use crate::output::{
 use crate::rules::Rules;
 use crate::start::{reserved_at_start, Meta, Reserved};
 use crate::series::build_series;
-use crate::unit::{replay_group, Effect, EndSegment, GroupOutcome, Outcome, Unit, NO_UNIT};
+use crate::unit::{replay_group, EndSegment, GroupOutcome, Outcome, Unit, NO_UNIT};
 
 /// Diagnostics kept per device (all are counted).
 const MAX_DIAGNOSTICS: usize = 50;
@@ -24,6 +24,8 @@ pub(crate) fn replay_device(snapshot: &Snapshot, device: u32, rules: &Rules) -> 
         snapshot.segments.iter().enumerate().filter(|(_, s)| s.device == device).map(|(k, _)| k).collect();
     let finals: Vec<&Segment> = final_indices.iter().map(|&k| &snapshot.segments[k]).collect();
     let mut diagnostics = Vec::new();
+    let t0 = std::time::Instant::now();
+    let lap = |what: &str| eprintln!("  {what}: {:.3}", t0.elapsed().as_secs_f64());
 
     let segment_events: Vec<u32> = (0..events.len() as u32)
         .filter(|&i| {
@@ -33,9 +35,11 @@ pub(crate) fn replay_device(snapshot: &Snapshot, device: u32, rules: &Rules) -> 
             )
         })
         .collect();
+    lap("segev");
     let reserved = reserved_at_start(&finals, events, &segment_events, &mut diagnostics);
     let (units, owner) = route(&snapshot.segments, &final_indices, events, &segment_events, &reserved, &mut diagnostics);
 
+    lap("route");
     let groups = balance(&units);
     let mut outcomes: Vec<GroupOutcome> = groups
         .par_iter()
@@ -49,6 +53,7 @@ pub(crate) fn replay_device(snapshot: &Snapshot, device: u32, rules: &Rules) -> 
         }
     }
 
+    lap("groups");
     let mut start = StartState::default();
     let mut start_totals = Totals::default();
     for o in outcomes.iter_mut().flat_map(|g| &mut g.outcomes) {
@@ -66,12 +71,12 @@ pub(crate) fn replay_device(snapshot: &Snapshot, device: u32, rules: &Rules) -> 
 
     let by_unit: Vec<&Outcome> = place.iter().map(|&(g, k)| &outcomes[g as usize].outcomes[k as usize]).collect();
     let group_of: Vec<u32> = place.iter().map(|p| p.0).collect();
-    let effects: Vec<&[Effect]> = outcomes.iter().map(|g| g.effects.as_slice()).collect();
     let ((series, peaks), blocks) = rayon::join(
-        || build_series(events, &owner, &group_of, &effects, start_totals),
-        || lifetimes(events, &owner, &by_unit),
+        || build_series(events, &owner, &group_of, &outcomes, start_totals),
+        || lifetimes(&owner, &by_unit),
     );
     drop(owner);
+    lap("merge");
 
     let all = || outcomes.iter().flat_map(|g| &g.outcomes);
     let mut end: Vec<&EndSegment> = all().flat_map(|o| &o.end).collect();
@@ -84,6 +89,7 @@ pub(crate) fn replay_device(snapshot: &Snapshot, device: u32, rules: &Rules) -> 
     let diagnostic_count = diagnostics.len();
     diagnostics.truncate(MAX_DIAGNOSTICS);
 
+    lap("rest");
     DeviceReplay {
         device,
         event_count: events.len(),
@@ -113,10 +119,13 @@ fn route(
     let mut units: Vec<Unit> = Vec::new();
     let mut spans: Vec<(u64, u64, Meta)> =
         reserved.iter().filter(|r| r.expandable).map(|r| (r.start, r.end, r.meta)).collect();
-    spans.extend(segment_events.iter().map(|&i| &events[i as usize]).filter_map(|e| {
-        matches!(e.action, Action::SegmentMap | Action::SegmentUnmap)
-            .then(|| (e.addr, e.addr.saturating_add(e.size), Meta::of_event(e)))
-    }));
+    spans.extend(
+        segment_events
+            .iter()
+            .map(|&i| &events[i as usize])
+            .filter(|e| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap))
+            .map(|e| (e.addr, e.addr.saturating_add(e.size), Meta::of_event(e))),
+    );
     spans.sort_unstable_by_key(|s| (s.0, s.1));
     for (start, end, meta) in spans {
         match units.last_mut() {
@@ -225,15 +234,15 @@ fn balance(units: &[Unit]) -> Vec<Vec<u32>> {
 }
 
 /// Every block lifetime: blocks from before the trace by address, then the others in
-/// allocation order (each unit lists its own in trace order; `owner` interleaves them).
-fn lifetimes(events: &[TraceEvent], owner: &[u32], by_unit: &[&Outcome]) -> Vec<BlockLifetime> {
+/// allocation order. Each unit lists its own in trace order; `owner` interleaves them.
+fn lifetimes(owner: &[u32], by_unit: &[&Outcome]) -> Vec<BlockLifetime> {
     let mut next: Vec<usize> = by_unit.iter().map(|o| o.start_blocks).collect();
     let mut blocks: Vec<BlockLifetime> =
         by_unit.iter().flat_map(|o| o.blocks[..o.start_blocks].iter().copied()).collect();
     blocks.sort_unstable_by_key(|b| b.address);
     blocks.reserve(by_unit.iter().map(|o| o.blocks.len() - o.start_blocks).sum());
-    for (i, (e, &u)) in events.iter().zip(owner).enumerate() {
-        if e.action != Action::Alloc || u == NO_UNIT {
+    for (i, &u) in owner.iter().enumerate() {
+        if u == NO_UNIT {
             continue;
         }
         let k = &mut next[u as usize];

@@ -11,6 +11,7 @@ use memsnap_model::{Action, BlockState, Segment, TraceEvent};
 use crate::layout::{Layout, State};
 use crate::output::{BlockLifetime, Diagnostic, DiagnosticKind, SegmentLifetime, Totals, UncertainBlock};
 use crate::rules::Rules;
+use crate::series::CHUNK;
 use crate::start::{Meta, StartBounds, StartWalk, UnitStart};
 
 /// A unit, as routing built it.
@@ -31,26 +32,46 @@ pub(crate) struct Unit {
 /// `owner` value of events that belong to no unit.
 pub(crate) const NO_UNIT: u32 = u32::MAX;
 
-/// What an event did to the counters, packed in a `u64`: the block (or segment) size and
-/// which counters it moves. The sign follows from the action.
+/// What an event did to the counters: the block (or segment) size with flags saying which
+/// counters it moves and in which direction, and the requested bytes it adds or removes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Effect(pub u64);
+pub(crate) struct Effect {
+    bits: u64,
+    requested: u64,
+}
 
 impl Effect {
-    pub const NONE: Effect = Effect(0);
-    pub const ALLOCATED: u64 = 1 << 63;
-    pub const ACTIVE: u64 = 1 << 62;
-    pub const RESERVED: u64 = 1 << 61;
-    const SIZE: u64 = Self::RESERVED - 1;
+    pub const NONE: Effect = Effect { bits: 0, requested: 0 };
+    const ALLOCATED: u64 = 1 << 63;
+    const ACTIVE: u64 = 1 << 62;
+    const RESERVED: u64 = 1 << 61;
+    const GROWS: u64 = 1 << 60;
+    const SIZE: u64 = Self::GROWS - 1;
 
-    fn new(size: u64, flags: u64) -> Effect {
-        Effect((size & Self::SIZE) | flags)
+    fn new(size: u64, flags: u64, requested: u64) -> Effect {
+        Effect { bits: (size & Self::SIZE) | flags, requested }
     }
-    pub fn size(self) -> u64 {
-        self.0 & Self::SIZE
+
+    /// The signed change of allocated, reserved, active and requested bytes.
+    pub fn delta(self) -> Delta {
+        let sign: i64 = if self.bits & Self::GROWS != 0 { 1 } else { -1 };
+        let size = sign.wrapping_mul((self.bits & Self::SIZE) as i64);
+        let on = |flag: u64| self.bits & flag != 0;
+        [
+            if on(Self::ALLOCATED) { size } else { 0 },
+            if on(Self::RESERVED) { size } else { 0 },
+            if on(Self::ACTIVE) { size } else { 0 },
+            if on(Self::ACTIVE) { sign.wrapping_mul(self.requested as i64) } else { 0 },
+        ]
     }
-    pub fn has(self, flag: u64) -> bool {
-        self.0 & flag != 0
+}
+
+/// Signed change of the counters: allocated, reserved, active, requested.
+pub(crate) type Delta = [i64; 4];
+
+pub(crate) fn add(to: &mut Delta, d: Delta) {
+    for (t, d) in to.iter_mut().zip(d) {
+        *t = t.wrapping_add(d);
     }
 }
 
@@ -99,6 +120,11 @@ struct Replayer<'a> {
 pub(crate) struct GroupOutcome {
     /// Effects of the group's events, in trace order.
     pub effects: Vec<Effect>,
+    /// Per chunk of the trace ([`CHUNK`] events), the index in `effects` of its first effect;
+    /// one more entry holds the total.
+    pub chunk_starts: Vec<usize>,
+    /// Per chunk, the sum of the group's deltas.
+    pub chunk_sums: Vec<Delta>,
     /// One per member, in the order of `members`.
     pub outcomes: Vec<Outcome>,
 }
@@ -165,12 +191,22 @@ pub(crate) fn replay_group(
         .map(|(&u, b)| Replayer::new(&units[u as usize], rules, b.map(StartBounds::finish)))
         .collect();
     let mut effects = Vec::with_capacity(members.iter().map(|&u| units[u as usize].event_count).sum());
+    let chunks = events.len().div_ceil(CHUNK);
+    let mut chunk_starts = Vec::with_capacity(chunks + 1);
+    let mut chunk_sums = vec![[0i64; 4]; chunks];
     for (i, e) in events.iter().enumerate() {
         if let Some(k) = mine(i) {
-            effects.push(replayers[k].apply(i as u32, e));
+            let c = i / CHUNK;
+            while chunk_starts.len() <= c {
+                chunk_starts.push(effects.len());
+            }
+            let f = replayers[k].apply(i as u32, e);
+            add(&mut chunk_sums[c], f.delta());
+            effects.push(f);
         }
     }
-    GroupOutcome { effects, outcomes: replayers.into_iter().map(Replayer::finish).collect() }
+    chunk_starts.resize(chunks + 1, effects.len());
+    GroupOutcome { effects, chunk_starts, chunk_sums, outcomes: replayers.into_iter().map(Replayer::finish).collect() }
 }
 
 impl<'a> Replayer<'a> {
@@ -279,7 +315,7 @@ impl<'a> Replayer<'a> {
                     let (size, lifetime) = (n.size, n.lifetime);
                     self.layout.set_state(e.addr, State::Pending);
                     self.blocks[lifetime as usize].free_requested_event = Some(i);
-                    Effect::new(size, Effect::ALLOCATED)
+                    Effect::new(size, Effect::ALLOCATED, 0)
                 }
                 _ => {
                     self.diagnose(i, e.addr, DiagnosticKind::UnknownFree);
@@ -293,8 +329,9 @@ impl<'a> Replayer<'a> {
                     let flags = if n.state == State::Allocated { Effect::ACTIVE | Effect::ALLOCATED } else { Effect::ACTIVE };
                     let (size, lifetime) = (n.size, n.lifetime);
                     self.layout.release(e.addr);
-                    self.blocks[lifetime as usize].free_completed_event = Some(i);
-                    Effect::new(size, flags)
+                    let block = &mut self.blocks[lifetime as usize];
+                    block.free_completed_event = Some(i);
+                    Effect::new(size, flags, block.requested_size)
                 }
                 _ => {
                     self.diagnose(i, e.addr, DiagnosticKind::UnknownFree);
@@ -306,7 +343,7 @@ impl<'a> Replayer<'a> {
                     self.diagnose(i, e.addr, DiagnosticKind::SegmentOverlaps);
                 }
                 self.segments.push(self.segment_record(e.addr, e.size, Some(i)));
-                Effect::new(e.size, Effect::RESERVED)
+                Effect::new(e.size, Effect::RESERVED | Effect::GROWS, 0)
             }
             Action::SegmentFree => {
                 let whole_and_free =
@@ -318,21 +355,21 @@ impl<'a> Replayer<'a> {
                 if let Some(s) = self.segments.last_mut() {
                     s.released_event = Some(i);
                 }
-                Effect::new(e.size, Effect::RESERVED)
+                Effect::new(e.size, Effect::RESERVED, 0)
             }
             Action::SegmentMap => {
                 if !self.layout.add_free(e.addr, e.size) {
                     self.diagnose(i, e.addr, DiagnosticKind::SegmentOverlaps);
                 }
                 self.extents.push(Extent { address: e.addr, size: e.size, created: Some(i) });
-                Effect::new(e.size, Effect::RESERVED)
+                Effect::new(e.size, Effect::RESERVED | Effect::GROWS, 0)
             }
             Action::SegmentUnmap => {
                 if !self.layout.remove_free(e.addr, e.size) {
                     self.diagnose(i, e.addr, DiagnosticKind::UnmapNotFree);
                 }
                 self.unmap_extents(i, e.addr, e.addr + e.size);
-                Effect::new(e.size, Effect::RESERVED)
+                Effect::new(e.size, Effect::RESERVED, 0)
             }
             Action::Snapshot | Action::Oom | Action::Other => Effect::NONE,
         }
@@ -361,7 +398,7 @@ impl<'a> Replayer<'a> {
             pending_at_start: false,
             stack: e.stack,
         });
-        Effect::new(size, Effect::ALLOCATED | Effect::ACTIVE)
+        Effect::new(size, Effect::ALLOCATED | Effect::ACTIVE | Effect::GROWS, e.size)
     }
 
     /// Record that `[start, end)` was unmapped at event `i`: every mapped extent it overlaps

@@ -3,7 +3,10 @@
 
 use std::path::{Path, PathBuf};
 
-use memsnap_model::{read_snapshot, BlockState, Snapshot};
+mod common;
+
+use common::{map_layout, snapshot_layout};
+use memsnap_model::{read_snapshot, Snapshot};
 use memsnap_replay::{replay, DeviceReplay};
 
 fn dev_dir() -> Option<PathBuf> {
@@ -123,18 +126,9 @@ fn state_at_end_is_the_snapshot() {
     for (name, path, _) in dev_files(&dir) {
         let snapshot = load(&path);
         let d = device0(&snapshot);
-        let mut expected: Vec<(u64, u64, Vec<(u64, u64, BlockState)>)> = snapshot
-            .segments
-            .iter()
-            .map(|s| (s.address, s.total_size, s.blocks.iter().map(|b| (b.address, b.size, b.state)).collect()))
-            .collect();
-        expected.sort_by_key(|s| s.0);
-        let got: Vec<(u64, u64, Vec<(u64, u64, BlockState)>)> = d
-            .state_at_end()
-            .segments
-            .iter()
-            .map(|s| (s.address, s.total_size, s.blocks.iter().map(|b| (b.address, b.size, b.state)).collect()))
-            .collect();
-        assert!(got == expected, "{name}: state_at_end differs from the snapshot");
+        assert!(
+            map_layout(&d.state_at_end()) == snapshot_layout(&snapshot),
+            "{name}: state_at_end differs from the snapshot"
+        );
     }
 }

@@ -3,8 +3,11 @@
 //! the model's counters and layout — from the start, and from a trace cut short as a ring
 //! buffer cuts it. Also: any thread count gives the same result.
 
+mod common;
+
 use std::collections::BTreeMap;
 
+use common::{map_layout, snapshot_layout};
 use memsnap_model::{
     Action, AllocatorSettings, Block, BlockState, DeviceTrace, Segment, SegmentType, Snapshot, Stack, StackId,
     StrId, TraceEvent,
@@ -170,7 +173,7 @@ impl Model {
         // that routing by time and the no-merge-across-segments rule are exercised.
         let addr = match (address_choice % 3, self.freed_segment_addrs.pop()) {
             (0, Some(a)) if !self.segs.iter().any(|s| s.addr < a + size && a < s.addr + s.size) => a,
-            _ => self.next_addr + if address_choice % 2 == 0 { 0 } else { 4 * MIB },
+            _ => self.next_addr + if address_choice & 1 == 0 { 0 } else { 4 * MIB },
         };
         self.next_addr = self.next_addr.max(addr + size);
         self.segs.push(NSeg {
@@ -450,18 +453,6 @@ proptest! {
         let four = pool(4).install(|| replay(&snapshot));
         prop_assert_eq!(&one, &four);
         let Some(d) = one.devices.first() else { return Ok(()) };
-        let end = d.state_at_end();
-        let layout: Vec<(u64, u64, Vec<(u64, u64, BlockState)>)> = end
-            .segments
-            .iter()
-            .map(|s| (s.address, s.total_size, s.blocks.iter().map(|b| (b.address, b.size, b.state)).collect()))
-            .collect();
-        let mut expected: Vec<(u64, u64, Vec<(u64, u64, BlockState)>)> = snapshot
-            .segments
-            .iter()
-            .map(|s| (s.address, s.total_size, s.blocks.iter().map(|b| (b.address, b.size, b.state)).collect()))
-            .collect();
-        expected.sort_by_key(|s| s.0);
-        prop_assert_eq!(layout, expected);
+        prop_assert_eq!(map_layout(&d.state_at_end()), snapshot_layout(&snapshot));
     }
 }

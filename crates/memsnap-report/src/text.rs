@@ -1,0 +1,211 @@
+//! Text helpers shared by every renderer: escaping, byte and number formats, stable hashes and
+//! colours, and a width estimate for laying text out in SVG (which cannot wrap or measure).
+
+use std::fmt::Write as _;
+
+/// Escape text for XML and HTML (element content and double- or single-quoted attributes).
+/// Characters XML 1.0 forbids (most control characters, lone `U+FFFE`/`U+FFFF`) become
+/// `U+FFFD`, so text from a snapshot can never make the document ill-formed.
+pub fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            '\t' | '\n' => out.push(c),
+            '\r' => out.push_str("&#13;"),
+            c if (c as u32) < 0x20 || c == '\u{FFFE}' || c == '\u{FFFF}' => out.push('\u{FFFD}'),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `1.92 GiB`, `512 B`: binary units with two decimals, as `torch.cuda.memory_summary()`.
+pub fn fmt_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
+}
+
+/// `1,234,567`.
+pub fn fmt_count(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::with_capacity(s.len() + s.len() / 3);
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Percentage with one decimal, `0.0` when the whole is zero.
+pub fn pct(part: u64, whole: u64) -> String {
+    if whole == 0 {
+        "0.0".into()
+    } else {
+        format!("{:.1}", part as f64 * 100.0 / whole as f64)
+    }
+}
+
+/// A duration in seconds, readable: `850 ms`, `12.4 s`, `3 min 20 s`.
+pub fn fmt_seconds(s: f64) -> String {
+    if s < 1.0 {
+        format!("{:.0} ms", s * 1000.0)
+    } else if s < 120.0 {
+        format!("{s:.1} s")
+    } else {
+        let m = (s / 60.0).floor();
+        format!("{m:.0} min {:.0} s", s - m * 60.0)
+    }
+}
+
+/// FNV-1a: a stable hash (the same on every machine, build and run), for colours.
+pub fn fnv1a(s: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in s.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// `#rrggbb` from hue (degrees), saturation and lightness (0–1).
+pub fn hsl(h: f64, s: f64, l: f64) -> String {
+    let c = (1.0 - (2.0 * l - 1.0).abs()) * s;
+    let hp = (h.rem_euclid(360.0)) / 60.0;
+    let x = c * (1.0 - (hp % 2.0 - 1.0).abs());
+    let (r, g, b) = match hp as u32 {
+        0 => (c, x, 0.0),
+        1 => (x, c, 0.0),
+        2 => (0.0, c, x),
+        3 => (0.0, x, c),
+        4 => (x, 0.0, c),
+        _ => (c, 0.0, x),
+    };
+    let m = l - c / 2.0;
+    let to = |v: f64| ((v + m) * 255.0).round().clamp(0.0, 255.0) as u8;
+    format!("#{:02x}{:02x}{:02x}", to(r), to(g), to(b))
+}
+
+/// Estimated width in pixels of `s` in a sans-serif font of `size` px. SVG text cannot be
+/// measured without a renderer, so this errs on the wide side: text laid out with it may end
+/// a little early, but does not overflow.
+pub fn text_width(s: &str, size: f64) -> f64 {
+    s.chars().map(|c| char_em(c) * size).sum()
+}
+
+fn char_em(c: char) -> f64 {
+    match c {
+        'i' | 'l' | 'j' | '.' | ',' | ':' | ';' | '\'' | '|' | '!' | 'I' | ' ' | '(' | ')' | '[' | ']' | 'f' | 't' | 'r' => 0.36,
+        'm' | 'w' | 'M' | 'W' | '@' | '%' => 0.9,
+        'A'..='Z' => 0.7,
+        '0'..='9' => 0.58,
+        c if c.is_ascii() => 0.56,
+        // CJK and other wide characters.
+        c if (c as u32) >= 0x1100 => 1.0,
+        _ => 0.6,
+    }
+}
+
+/// `s` cut to fit `px` at `size`, ending with `…` when cut; empty when not even one character
+/// and the ellipsis fit.
+pub fn fit(s: &str, px: f64, size: f64) -> String {
+    if text_width(s, size) <= px {
+        return s.to_string();
+    }
+    let budget = px - char_em('…') * size;
+    let mut w = 0.0;
+    let mut out = String::new();
+    for c in s.chars() {
+        w += char_em(c) * size;
+        if w > budget {
+            break;
+        }
+        out.push(c);
+    }
+    if out.is_empty() {
+        return String::new();
+    }
+    out.push('…');
+    out
+}
+
+/// Greedy word wrap to lines no wider than `px` (a word longer than a line is cut with `fit`).
+pub fn wrap(s: &str, px: f64, size: f64) -> Vec<String> {
+    let mut lines = Vec::new();
+    for para in s.split('\n') {
+        let mut line = String::new();
+        for word in para.split(' ').filter(|w| !w.is_empty()) {
+            let candidate = if line.is_empty() { word.to_string() } else { format!("{line} {word}") };
+            if text_width(&candidate, size) <= px {
+                line = candidate;
+            } else {
+                if !line.is_empty() {
+                    lines.push(std::mem::take(&mut line));
+                }
+                line = if text_width(word, size) <= px { word.to_string() } else { fit(word, px, size) };
+            }
+        }
+        lines.push(line);
+    }
+    lines
+}
+
+/// A number for an SVG attribute: at most two decimals, no trailing zeros, never `-0`.
+pub fn num(v: f64) -> String {
+    let r = (v * 100.0).round() / 100.0;
+    let r = if r == 0.0 { 0.0 } else { r };
+    let mut s = String::new();
+    let _ = write!(s, "{r:.2}");
+    while s.ends_with('0') {
+        s.pop();
+    }
+    if s.ends_with('.') {
+        s.pop();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes_markup_and_control_characters() {
+        assert_eq!(escape("<module> & \"x\" 'y'\u{1}"), "&lt;module&gt; &amp; &quot;x&quot; &#39;y&#39;\u{FFFD}");
+    }
+
+    #[test]
+    fn formats() {
+        assert_eq!(fmt_bytes(512), "512 B");
+        assert_eq!(fmt_bytes(2057739264), "1.92 GiB");
+        assert_eq!(fmt_count(1234567), "1,234,567");
+        assert_eq!(num(1.0), "1");
+        assert_eq!(num(-0.001), "0");
+        assert_eq!(num(2.345), "2.35");
+        assert_eq!(hsl(0.0, 1.0, 0.5), "#ff0000");
+    }
+
+    #[test]
+    fn wraps_and_fits() {
+        let lines = wrap("aaa bbb ccc ddd", text_width("aaa bbb", 10.0) + 0.1, 10.0);
+        assert_eq!(lines, vec!["aaa bbb", "ccc ddd"]);
+        assert!(fit("a long label that does not fit", 40.0, 10.0).ends_with('…'));
+        assert_eq!(fit("abcdef", 1.0, 10.0), "");
+    }
+}

@@ -1,0 +1,595 @@
+//! The timeline: allocated, reserved and active bytes over the trace, the top sites as stacked
+//! areas, iterations and evaluation windows as bands, the peak and OOMs as markers.
+//!
+//! A trace can hold millions of events, so the series are cut into at most `max_points`
+//! buckets of consecutive events; each bucket keeps its maximum (so no peak is lost) and the
+//! stacked site areas are taken at the event where allocated bytes peak inside the bucket, so
+//! they never rise above the allocated line. The chart itself is drawn with plotters; the
+//! hover details (`<title>`) plotters cannot write are laid over it at the same coordinates.
+
+use std::fmt::Write as _;
+
+use memsnap_analysis::{attribute, Attr, DeviceAnalysis, Phases, StackTable};
+use memsnap_model::{Action, Snapshot, TraceEvent};
+use memsnap_replay::DeviceReplay;
+use plotters::prelude::*;
+use rayon::prelude::*;
+
+use crate::text::{escape, fmt_bytes, fmt_count, fmt_seconds, num, text_width};
+
+/// Colours of the stacked site areas, bottom first; the rest of allocated memory is grey.
+pub const SITE_COLORS: [&str; 6] = ["#9ecae1", "#fdd49e", "#a1d99b", "#fcbba1", "#c6b8e6", "#f7e08b"];
+pub const OTHER_COLOR: &str = "#e2e2e2";
+const ALLOCATED: RGBColor = RGBColor(0x1d, 0x35, 0x57);
+const RESERVED: RGBColor = RGBColor(0x80, 0x80, 0x80);
+const ACTIVE: RGBColor = RGBColor(0x2a, 0x9d, 0x8f);
+const BAND: RGBColor = RGBColor(0xee, 0xf0, 0xf5);
+const EVAL: RGBColor = RGBColor(0xfd, 0xe7, 0xc2);
+const OOM: RGBColor = RGBColor(0xd6, 0x28, 0x28);
+const PEAK: RGBColor = RGBColor(0xc0, 0x1b, 0x1b);
+
+/// More iterations than this are not drawn as bands (they would blur into grey).
+const MAX_BANDS: usize = 400;
+const MAX_OOMS: usize = 100;
+
+/// A shaded range of the x axis with its hover text.
+#[derive(Clone, Debug)]
+pub struct Band {
+    pub x0: f64,
+    pub x1: f64,
+    pub title: String,
+}
+
+/// One stacked area: a site's allocated bytes at each sample.
+#[derive(Clone, Debug)]
+pub struct SiteSeries {
+    pub label: String,
+    pub values: Vec<u64>,
+}
+
+/// The sampled timeline of one device.
+#[derive(Clone, Debug)]
+pub struct Timeline {
+    pub device: u32,
+    /// x is seconds since the first event (else the event index, when times are missing).
+    pub x_is_time: bool,
+    pub events: usize,
+    /// Events per bucket (the last may hold fewer).
+    pub bucket_events: usize,
+    pub xs: Vec<f64>,
+    pub allocated: Vec<u64>,
+    pub reserved: Vec<u64>,
+    pub active: Vec<u64>,
+    /// Bottom first.
+    pub sites: Vec<SiteSeries>,
+    pub iterations: Vec<Band>,
+    /// Iterations found but too many to draw as bands.
+    pub iterations_not_drawn: usize,
+    /// Allocated bytes when each iteration starts (the floor a leak raises).
+    pub iteration_floor: Vec<(f64, u64)>,
+    pub evals: Vec<Band>,
+    pub ooms: Vec<(f64, String)>,
+    pub ooms_total: usize,
+    pub peak: (f64, u64, String),
+    /// Suspects with growth on this device, for the chart's caption.
+    pub growth_notes: Vec<String>,
+}
+
+/// x coordinates of events: seconds since the first event when every event has a time and
+/// times never go back, else the event index.
+struct XMap<'a> {
+    events: &'a [TraceEvent],
+    t0: i64,
+    time: bool,
+}
+
+impl XMap<'_> {
+    fn x(&self, i: usize) -> f64 {
+        let i = i.min(self.events.len().saturating_sub(1));
+        if self.time {
+            (self.events[i].time_us - self.t0) as f64 / 1e6
+        } else {
+            i as f64
+        }
+    }
+}
+
+/// Sample the timeline of one device. `None` when the device has no trace.
+pub fn sample(
+    snap: &Snapshot,
+    stacks: &StackTable,
+    phases: &Phases,
+    d: &DeviceReplay,
+    da: &DeviceAnalysis,
+    max_points: usize,
+    top_sites: usize,
+) -> Option<Timeline> {
+    let events = snap.trace(d.device).map_or(&[][..], |t| &t.events[..]);
+    let n = events.len().min(d.series.len());
+    if n == 0 {
+        return None;
+    }
+    let time = events[..n].iter().all(|e| e.has_time()) && events[..n].windows(2).all(|w| w[0].time_us <= w[1].time_us);
+    let xm = XMap { events: &events[..n], t0: events[0].time_us, time };
+
+    let buckets = n.min(max_points.max(1));
+    let bounds = |k: usize| (k * n / buckets, (k + 1) * n / buckets);
+    let s = &d.series;
+    // (representative event, allocated max, reserved max, active max) per bucket.
+    let per: Vec<(usize, u64, u64, u64)> = (0..buckets)
+        .into_par_iter()
+        .map(|k| {
+            let (lo, hi) = bounds(k);
+            let mut rep = lo;
+            for i in lo..hi {
+                if s.allocated[i] > s.allocated[rep] {
+                    rep = i;
+                }
+            }
+            let rmax = s.reserved[lo..hi].iter().copied().max().unwrap_or(0);
+            let amax = s.active[lo..hi].iter().copied().max().unwrap_or(0);
+            (rep, s.allocated[rep], rmax, amax)
+        })
+        .collect();
+    let reps: Vec<usize> = per.iter().map(|p| p.0).collect();
+
+    // Stacked sites: the top attributions at the peak, live bytes at each representative event.
+    let top: Vec<(Attr, String)> =
+        da.peak.by_site.iter().filter(|sb| sb.bytes > 0).take(top_sites).map(|sb| (sb.attr, sb.label.clone())).collect();
+    let k = top.len();
+    let mut site_values = vec![vec![0u64; buckets]; k];
+    if k > 0 {
+        let diff: Vec<i64> = d
+            .blocks
+            .par_iter()
+            .fold(
+                || vec![0i64; k * (buckets + 1)],
+                |mut acc, b| {
+                    if b.pending_at_start {
+                        return acc;
+                    }
+                    let (attr, _) = attribute(events, phases, stacks, b);
+                    let Some(j) = top.iter().position(|t| t.0 == attr) else { return acc };
+                    let start = b.alloc_event.unwrap_or(0) as usize;
+                    let end = match (b.free_requested_event, b.free_completed_event) {
+                        (Some(a), Some(c)) => a.min(c) as usize,
+                        (Some(a), None) | (None, Some(a)) => a as usize,
+                        (None, None) => n,
+                    };
+                    let lo = reps.partition_point(|&r| r < start);
+                    let hi = reps.partition_point(|&r| r < end);
+                    if lo < hi {
+                        acc[j * (buckets + 1) + lo] += b.size as i64;
+                        acc[j * (buckets + 1) + hi] -= b.size as i64;
+                    }
+                    acc
+                },
+            )
+            .reduce(
+                || vec![0i64; k * (buckets + 1)],
+                |mut a, b| {
+                    a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+                    a
+                },
+            );
+        for (j, vals) in site_values.iter_mut().enumerate() {
+            let mut run = 0i64;
+            for (b, v) in vals.iter_mut().enumerate() {
+                run += diff[j * (buckets + 1) + b];
+                *v = run.max(0) as u64;
+            }
+        }
+    }
+    let sites = top.into_iter().zip(site_values).map(|((_, label), values)| SiteSeries { label, values }).collect();
+
+    // Iterations and evaluation windows.
+    let starts = &da.phases.iteration_starts;
+    let mut iterations = Vec::new();
+    let mut iteration_floor = Vec::new();
+    for (j, &st) in starts.iter().enumerate() {
+        let st = st as usize;
+        if st >= n {
+            continue;
+        }
+        let end = starts.get(j + 1).map_or(n, |&e| (e as usize).min(n));
+        let floor = s.after(st.checked_sub(1)).allocated;
+        iteration_floor.push((xm.x(st), floor));
+        let dur = if time { format!(", {}", fmt_seconds(xm.x(end - 1) - xm.x(st))) } else { String::new() };
+        iterations.push(Band {
+            x0: xm.x(st),
+            x1: xm.x(end.saturating_sub(1).max(st)),
+            title: format!(
+                "iteration {} of {}: events {}–{}{dur}\nallocated at start: {}",
+                j + 1,
+                starts.len(),
+                fmt_count(st as u64),
+                fmt_count(end.saturating_sub(1) as u64),
+                fmt_bytes(floor)
+            ),
+        });
+    }
+    let iterations_not_drawn = if iterations.len() > MAX_BANDS { std::mem::take(&mut iterations).len() } else { 0 };
+    if iteration_floor.len() > MAX_BANDS * 2 {
+        iteration_floor.clear();
+    }
+    let evals = da
+        .phases
+        .eval_windows
+        .iter()
+        .filter(|w| (w.start as usize) < n)
+        .map(|w| {
+            let (a, b) = (w.start as usize, (w.end as usize).clamp(w.start as usize + 1, n) - 1);
+            Band {
+                x0: xm.x(a),
+                x1: xm.x(b),
+                title: format!("evaluation window (forward passes with no backward): events {}–{}", fmt_count(a as u64), fmt_count(b as u64)),
+            }
+        })
+        .collect();
+
+    let mut ooms = Vec::new();
+    let mut ooms_total = 0;
+    for (i, e) in events[..n].iter().enumerate().filter(|(_, e)| e.action == Action::Oom) {
+        ooms_total += 1;
+        if ooms.len() < MAX_OOMS {
+            ooms.push((
+                xm.x(i),
+                format!(
+                    "out of memory at event {}: asked for {}, {} free on the device; {} allocated, {} reserved",
+                    fmt_count(i as u64),
+                    fmt_bytes(e.size),
+                    fmt_bytes(e.device_free()),
+                    fmt_bytes(s.allocated[i]),
+                    fmt_bytes(s.reserved[i])
+                ),
+            ));
+        }
+    }
+
+    let pk = d.peaks.allocated;
+    let pi = pk.event_index.unwrap_or(0).min(n - 1);
+    let peak = (
+        xm.x(pi),
+        pk.value,
+        format!(
+            "peak allocated: {} ({} bytes) {}",
+            fmt_bytes(pk.value),
+            fmt_count(pk.value),
+            match pk.event_index {
+                Some(i) => format!("after event {}", fmt_count(i as u64)),
+                None => "before the first event".into(),
+            }
+        ),
+    );
+    let growth_notes = da
+        .suspects
+        .iter()
+        .filter_map(|sp| {
+            let g = sp.growth_bytes_per_iteration?;
+            let site = sp.site.as_ref().map_or("(no user frame)".to_string(), |s| s.short());
+            Some(format!("{} at {}: +{} per iteration", sp.kind.name(), site, fmt_bytes(g)))
+        })
+        .collect();
+
+    Some(Timeline {
+        device: d.device,
+        x_is_time: time,
+        events: n,
+        bucket_events: n.div_ceil(buckets),
+        xs: reps.iter().map(|&r| xm.x(r)).collect(),
+        allocated: per.iter().map(|p| p.1).collect(),
+        reserved: per.iter().map(|p| p.2).collect(),
+        active: per.iter().map(|p| p.3).collect(),
+        sites,
+        iterations,
+        iterations_not_drawn,
+        iteration_floor,
+        evals,
+        ooms,
+        ooms_total,
+        peak,
+        growth_notes,
+    })
+}
+
+/// A unit for the y axis: the largest binary unit below `max`.
+fn unit(max: u64) -> (f64, &'static str) {
+    const UNITS: [(u64, &str); 4] = [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"), (1, "B")];
+    for (u, name) in UNITS {
+        if max >= u {
+            return (u as f64, name);
+        }
+    }
+    (1.0, "B")
+}
+
+/// Draw the timeline as a complete `<svg>` of the given width.
+pub fn render(t: &Timeline, width: u32) -> String {
+    let plot_h: u32 = 380;
+    let caption_h = 40.0 + 16.0 * t.growth_notes.len() as f64;
+    let ymax_bytes = t.reserved.iter().chain(&t.allocated).chain(&t.active).copied().max().unwrap_or(0).max(t.peak.1).max(1);
+    let (u, uname) = unit(ymax_bytes);
+    let ymax = ymax_bytes as f64 / u * 1.12;
+    let x0 = 0.0f64.min(t.xs.first().copied().unwrap_or(0.0));
+    let mut x1 = t.xs.last().copied().unwrap_or(1.0).max(t.iterations.last().map_or(0.0, |b| b.x1));
+    if x1 <= x0 {
+        x1 = x0 + 1.0;
+    }
+    let span = x1 - x0;
+
+    let mut plot = String::new();
+    let mut overlay = String::new();
+    let mut plot_area = (0i32, 0i32, 0i32, 0i32);
+    let drawn = (|| -> Result<(), Box<dyn std::error::Error + '_>> {
+        let root = SVGBackend::with_string(&mut plot, (width, plot_h)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let mut chart = ChartBuilder::on(&root)
+            .margin_top(12)
+            .margin_right(24)
+            .margin_left(8)
+            .margin_bottom(4)
+            .x_label_area_size(40)
+            .y_label_area_size(72)
+            .build_cartesian_2d(x0..x1, 0f64..ymax)?;
+        let ytop = ymax;
+        // Bands first, so everything else is drawn over them.
+        chart.draw_series(t.iterations.iter().enumerate().filter(|(j, _)| j % 2 == 1).map(|(_, b)| {
+            Rectangle::new([(b.x0, 0.0), (b.x1, ytop)], BAND.filled())
+        }))?;
+        chart.draw_series(t.evals.iter().map(|b| Rectangle::new([(b.x0, 0.0), (b.x1.max(b.x0 + span * 0.002), ytop)], EVAL.filled())))?;
+        let x_is_time = t.x_is_time;
+        let xfmt = move |v: &f64| {
+            if x_is_time {
+                if span < 2.0 {
+                    format!("{:.0} ms", v * 1000.0)
+                } else if span < 20.0 {
+                    format!("{v:.1} s")
+                } else {
+                    format!("{v:.0} s")
+                }
+            } else {
+                fmt_count(v.max(0.0).round() as u64)
+            }
+        };
+        let yfmt = |v: &f64| {
+            if *v == 0.0 {
+                "0".to_string()
+            } else if ymax < 10.0 {
+                format!("{v:.1}")
+            } else {
+                format!("{v:.0}")
+            }
+        };
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .light_line_style(RGBColor(0xf0, 0xf0, 0xf0))
+            .bold_line_style(RGBColor(0xdd, 0xdd, 0xdd))
+            .axis_style(RGBColor(0x88, 0x88, 0x88))
+            .x_labels(10)
+            .y_labels(8)
+            .x_label_formatter(&xfmt)
+            .y_label_formatter(&yfmt)
+            .x_desc(if t.x_is_time { "time since the first trace event" } else { "trace event (the file has no times)" })
+            .y_desc(uname)
+            .label_style(("sans-serif", 13).into_font().color(&RGBColor(0x33, 0x33, 0x33)))
+            .axis_desc_style(("sans-serif", 13).into_font().color(&RGBColor(0x33, 0x33, 0x33)))
+            .draw()?;
+
+        // Stacked sites, drawn from the top of the stack down so each band covers the next.
+        let n = t.xs.len();
+        let mut cum: Vec<Vec<u64>> = Vec::new();
+        let mut run = vec![0u64; n];
+        for s in &t.sites {
+            for (r, v) in run.iter_mut().zip(&s.values) {
+                *r += v;
+            }
+            cum.push(run.clone());
+        }
+        let pts = |vals: &[u64]| -> Vec<(f64, f64)> { t.xs.iter().zip(vals).map(|(x, v)| (*x, *v as f64 / u)).collect() };
+        // "Other sites": up to the allocated line.
+        chart.draw_series(AreaSeries::new(pts(&t.allocated), 0.0, hex(OTHER_COLOR).filled()))?;
+        for (j, c) in cum.iter().enumerate().rev() {
+            chart.draw_series(AreaSeries::new(pts(c), 0.0, hex(SITE_COLORS[j % SITE_COLORS.len()]).filled()))?;
+        }
+        chart.draw_series(LineSeries::new(pts(&t.reserved), RESERVED.stroke_width(2)))?;
+        chart.draw_series(LineSeries::new(pts(&t.active), ACTIVE.stroke_width(1)))?;
+        chart.draw_series(LineSeries::new(pts(&t.allocated), ALLOCATED.stroke_width(2)))?;
+        if !t.iteration_floor.is_empty() {
+            let floor: Vec<(f64, f64)> = t.iteration_floor.iter().map(|(x, v)| (*x, *v as f64 / u)).collect();
+            chart.draw_series(LineSeries::new(floor.clone(), BLACK.mix(0.55).stroke_width(1)))?;
+            if floor.len() <= 150 {
+                chart.draw_series(floor.iter().map(|p| Circle::new(*p, 2, BLACK.mix(0.7).filled())))?;
+            }
+        }
+        for (x, _) in &t.ooms {
+            chart.draw_series(std::iter::once(PathElement::new(vec![(*x, 0.0), (*x, ytop)], OOM.stroke_width(2))))?;
+        }
+        let peak = (t.peak.0, t.peak.1 as f64 / u);
+        chart.draw_series(std::iter::once(Circle::new(peak, 5, PEAK.stroke_width(2))))?;
+
+        // Hover details, at the same coordinates.
+        let (l, tp) = chart.backend_coord(&(x0, ytop));
+        let (r, b) = chart.backend_coord(&(x1, 0.0));
+        plot_area = (l, tp, r, b);
+        for band in t.iterations.iter().chain(&t.evals) {
+            let (a, _) = chart.backend_coord(&(band.x0, ytop));
+            let (z, _) = chart.backend_coord(&(band.x1, ytop));
+            let _ = writeln!(
+                overlay,
+                r#"<rect x="{a}" y="{tp}" width="{}" height="{}" fill="#000000" fill-opacity="0"><title>{}</title></rect>"#,
+                (z - a).max(2),
+                b - tp,
+                escape(&band.title)
+            );
+        }
+        for (x, title) in &t.ooms {
+            let (px, _) = chart.backend_coord(&(*x, ytop));
+            let _ = writeln!(
+                overlay,
+                r##"<g><title>{}</title><rect x="{}" y="{tp}" width="7" height="{}" fill="#000000" fill-opacity="0"/><text x="{}" y="{}" font-size="11" font-weight="700" fill="#d62828">OOM</text></g>"##,
+                escape(title),
+                px - 3,
+                b - tp,
+                px + 4,
+                tp + 12
+            );
+        }
+        let (px, py) = chart.backend_coord(&peak);
+        let label = format!("peak {}", fmt_bytes(t.peak.1));
+        let lw = text_width(&label, 12.0);
+        let lx = if (px as f64) + 8.0 + lw > r as f64 { px as f64 - 8.0 - lw } else { px as f64 + 8.0 };
+        let _ = writeln!(
+            overlay,
+            r##"<g><title>{}</title><circle cx="{px}" cy="{py}" r="8" fill="#000000" fill-opacity="0"/><text x="{}" y="{}" font-size="12" font-weight="700" fill="#c01b1b" stroke="#ffffff" stroke-width="3" paint-order="stroke">{}</text></g>"##,
+            escape(&t.peak.2),
+            num(lx),
+            py - 6,
+            escape(&label)
+        );
+        root.present()?;
+        Ok(())
+    })();
+    if drawn.is_err() {
+        plot = format!(r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{plot_h}"><text x="10" y="20">chart could not be drawn</text></svg>"#);
+    }
+    let _ = plot_area;
+
+    // Caption above, legend below.
+    let mut s = String::new();
+    let legend = legend_items(t);
+    let legend_rows = layout_legend(&legend, width as f64 - 20.0);
+    let legend_h = 20.0 * legend_rows.len() as f64 + 8.0;
+    let total_h = caption_h + plot_h as f64 + legend_h;
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{}" viewBox="0 0 {width} {}" font-family="system-ui, -apple-system, 'Segoe UI', Roboto, Helvetica, Arial, sans-serif" class="timeline">"#,
+        num(total_h),
+        num(total_h)
+    );
+    let _ = writeln!(s, r##"<rect x="0" y="0" width="{width}" height="{}" fill="#ffffff"/>"##, num(total_h));
+    let _ = writeln!(
+        s,
+        r##"<text x="10" y="18" font-size="15" font-weight="600" fill="#1a1a1a">Memory over time, device {}</text>"##,
+        t.device
+    );
+    let sampled = if t.bucket_events > 1 {
+        format!("{} events, drawn as {} points (each the highest value of {} consecutive events)", fmt_count(t.events as u64), t.xs.len(), fmt_count(t.bucket_events as u64))
+    } else {
+        format!("{} events", fmt_count(t.events as u64))
+    };
+    let mut sub = sampled;
+    if t.iterations_not_drawn > 0 {
+        let _ = write!(sub, "; {} iterations (too many to shade)", fmt_count(t.iterations_not_drawn as u64));
+    }
+    if t.ooms_total > t.ooms.len() {
+        let _ = write!(sub, "; {} OOMs, first {} marked", t.ooms_total, t.ooms.len());
+    }
+    let _ = writeln!(s, r##"<text x="10" y="35" font-size="12" fill="#555555">{}</text>"##, escape(&sub));
+    for (j, g) in t.growth_notes.iter().enumerate() {
+        let _ = writeln!(
+            s,
+            r##"<text x="10" y="{}" font-size="12" font-weight="600" fill="#b3261e">{}</text>"##,
+            num(52.0 + 16.0 * j as f64),
+            escape(g)
+        );
+    }
+    let _ = writeln!(s, r#"<g transform="translate(0,{})">"#, num(caption_h));
+    s.push_str(&plot);
+    s.push_str(&overlay);
+    s.push_str("</g>\n");
+    let mut y = caption_h + plot_h as f64 + 6.0;
+    for row in legend_rows {
+        let mut x = 10.0;
+        for it in row {
+            let _ = write!(s, "<g><title>{}</title>", escape(&it.title));
+            match it.swatch {
+                Swatch::Fill(c) => {
+                    let _ = write!(s, r##"<rect x="{}" y="{}" width="14" height="11" fill="{c}" stroke="#999999" stroke-width="0.5"/>"##, num(x), num(y + 2.0));
+                }
+                Swatch::Line(c, w) => {
+                    let _ = write!(s, r#"<rect x="{}" y="{}" width="14" height="{w}" fill="{c}"/>"#, num(x), num(y + 7.0 - w as f64 / 2.0));
+                }
+                Swatch::Dot(c) => {
+                    let _ = write!(s, r#"<circle cx="{}" cy="{}" r="4" fill="none" stroke="{c}" stroke-width="2"/>"#, num(x + 7.0), num(y + 7.0));
+                }
+            }
+            let _ = writeln!(s, r##"<text x="{}" y="{}" font-size="12" fill="#222222">{}</text></g>"##, num(x + 19.0), num(y + 12.0), escape(&it.label));
+            x += it.width;
+        }
+        y += 20.0;
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+fn hex(c: &str) -> RGBColor {
+    let v = u32::from_str_radix(c.trim_start_matches('#'), 16).unwrap_or(0);
+    RGBColor((v >> 16) as u8, (v >> 8) as u8, v as u8)
+}
+
+enum Swatch {
+    Fill(String),
+    Line(String, u32),
+    Dot(String),
+}
+
+struct LegendItem {
+    swatch: Swatch,
+    label: String,
+    title: String,
+    width: f64,
+}
+
+fn legend_items(t: &Timeline) -> Vec<LegendItem> {
+    let c = |c: RGBColor| format!("#{:02x}{:02x}{:02x}", c.0, c.1, c.2);
+    let mut v = vec![
+        (Swatch::Line(c(ALLOCATED), 3), "allocated".to_string(), "memory_allocated(): bytes in blocks held by tensors".to_string()),
+        (Swatch::Line(c(ACTIVE), 2), "active".to_string(), "allocated plus blocks freed but still in use by another stream".to_string()),
+        (Swatch::Line(c(RESERVED), 3), "reserved".to_string(), "memory_reserved(): bytes the caching allocator holds from CUDA".to_string()),
+        (Swatch::Dot(c(PEAK)), "peak".to_string(), t.peak.2.clone()),
+    ];
+    if !t.iteration_floor.is_empty() {
+        v.push((Swatch::Line("#737373".into(), 2), "allocated at iteration start".into(), "a leak raises this line iteration after iteration".into()));
+    }
+    if !t.iterations.is_empty() {
+        v.push((Swatch::Fill(c(BAND)), "iterations (alternate)".into(), format!("{} iterations", t.iterations.len())));
+    }
+    if !t.evals.is_empty() {
+        v.push((Swatch::Fill(c(EVAL)), "evaluation".into(), "forward passes with no backward".into()));
+    }
+    if t.ooms_total > 0 {
+        v.push((Swatch::Line(c(OOM), 3), "OOM".into(), format!("{} out-of-memory events", t.ooms_total)));
+    }
+    for (j, s) in t.sites.iter().enumerate() {
+        let max = s.values.iter().copied().max().unwrap_or(0);
+        v.push((
+            Swatch::Fill(SITE_COLORS[j % SITE_COLORS.len()].into()),
+            crate::text::fit(&s.label, 420.0, 12.0),
+            format!("{}\nallocated by this site, up to {}", s.label, fmt_bytes(max)),
+        ));
+    }
+    if !t.sites.is_empty() {
+        v.push((Swatch::Fill(OTHER_COLOR.into()), "other sites".into(), "allocated bytes not from the sites above".into()));
+    }
+    v.into_iter()
+        .map(|(swatch, label, title)| {
+            let width = 19.0 + text_width(&label, 12.0) + 18.0;
+            LegendItem { swatch, label, title, width }
+        })
+        .collect()
+}
+
+fn layout_legend(items: &[LegendItem], width: f64) -> Vec<Vec<&LegendItem>> {
+    let mut rows: Vec<Vec<&LegendItem>> = vec![Vec::new()];
+    let mut x = 0.0;
+    for it in items {
+        if x + it.width > width && !rows.last().unwrap().is_empty() {
+            rows.push(Vec::new());
+            x = 0.0;
+        }
+        rows.last_mut().unwrap().push(it);
+        x += it.width;
+    }
+    rows
+}
