@@ -129,6 +129,8 @@ pub(crate) fn detect(
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum GroupKey {
+    /// No frames at all (recorded without stacks): growth can be measured, not attributed.
+    Unattributed,
     Backward(Option<FrameId>),
     Forward(Option<FrameId>),
     Site(FrameId),
@@ -190,6 +192,7 @@ fn growth(snap: &Snapshot, stacks: &StackTable, phases: &Phases, d: &DeviceRepla
                 (GroupKey::Forward(info.forward_call), occ, eval)
             }
             Attr::Site(site) => (GroupKey::Site(site), it, false),
+            Attr::NoFrames => (GroupKey::Unattributed, it, false),
             _ => continue,
         };
         if it == last_iter && !eval {
@@ -295,6 +298,18 @@ fn growth(snap: &Snapshot, stacks: &StackTable, phases: &Phases, d: &DeviceRepla
             iter_desc
         );
         let suspect = match key {
+            GroupKey::Unattributed => Suspect {
+                kind: SuspectKind::ReferenceLeak,
+                confidence: confidence.min(0.5),
+                device: d.device,
+                bytes: g.bytes,
+                bytes_at_peak: g.bytes_at_peak,
+                growth_bytes_per_iteration: Some(growth),
+                site: None,
+                stack: Vec::new(),
+                evidence: format!("{base}. The trace has no stacks for them, so the line that allocates them cannot be named."),
+                advice: "Record with stacks: `torch.cuda.memory._record_memory_history(max_entries=100000, stacks=\"python\")`, dump again, and memsnap will name the line; meanwhile look for tensors appended to lists or caches every iteration.".into(),
+            },
             GroupKey::Backward(line) => Suspect {
                 kind: SuspectKind::UnreleasedGradient,
                 confidence,
