@@ -200,7 +200,11 @@ fn uncertain_bytes(d: &DeviceReplay, m: &MemoryMap) -> u64 {
 fn device_text(s: &mut String, snap: &Snapshot, d: &DeviceReplay, m: &MemoryMap) {
     let _ = writeln!(s, "\ndevice {}: {}", d.device, moment_line(snap, d, m));
     if !d.check.matches_snapshot {
-        let _ = writeln!(s, "  warning: the replay does not reproduce the snapshot ({} differences)", d.check.mismatch_count);
+        let _ = writeln!(
+            s,
+            "  warning: the replay does not reproduce the snapshot ({} differences)",
+            d.check.mismatch_count
+        );
     }
     let uncertain = uncertain_bytes(d, m);
     if uncertain > 0 {
@@ -257,13 +261,14 @@ fn device_text(s: &mut String, snap: &Snapshot, d: &DeviceReplay, m: &MemoryMap)
     // and unsplit blocks add to allocations ("internal").
     let internal = total.allocated_bytes - total.requested_bytes;
     let free = total.free_bytes + internal;
+    let _ = writeln!(s, "segments: {}  (flags: e expandable, g CUDA-graph pool, s side stream)", m.segments.len());
+    let _ = writeln!(s, "total_reserved: {}", fmt_bytes(reserved));
     let _ = writeln!(
         s,
-        "segments: {}  (flags: e expandable, g CUDA-graph pool, s side stream)",
-        m.segments.len()
+        "total_allocated: {} (requested {})",
+        fmt_bytes(total.allocated_bytes),
+        fmt_bytes(total.requested_bytes)
     );
-    let _ = writeln!(s, "total_reserved: {}", fmt_bytes(reserved));
-    let _ = writeln!(s, "total_allocated: {} (requested {})", fmt_bytes(total.allocated_bytes), fmt_bytes(total.requested_bytes));
     if total.pending_free_bytes > 0 {
         let _ = writeln!(s, "total_pending_free: {}", fmt_bytes(total.pending_free_bytes));
     }

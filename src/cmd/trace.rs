@@ -77,6 +77,9 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
 
 fn start_note(d: &DeviceReplay) -> String {
     let s = &d.start;
+    if d.event_count == 0 {
+        return " (no trace was recorded: only the dump-time state is known)".into();
+    }
     if s.trace_complete {
         return String::new();
     }

@@ -6,15 +6,13 @@ use rayon::prelude::*;
 
 use crate::check::self_check;
 use crate::output::{
-    BlockLifetime, DeviceReplay, Diagnostic, DiagnosticKind, SegmentLifetime, StartState, Totals,
+    BlockLifetime, DeviceReplay, DiagnosticKind, Log, SegmentLifetime, StartState, Totals, MAX_DIAGNOSTICS,
 };
 use crate::rules::Rules;
-use crate::start::{reserved_at_start, Meta, Reserved};
 use crate::series::build_series;
-use crate::unit::{replay_group, EndSegment, GroupOutcome, Outcome, Unit, NO_UNIT};
+use crate::start::{reserved_at_start, Meta, Reserved};
+use crate::unit::{replay_group, Effects, EndSegment, GroupOutcome, Outcome, Unit, NO_UNIT};
 
-/// Diagnostics kept per device (all are counted).
-const MAX_DIAGNOSTICS: usize = 50;
 /// Each group reads the whole trace once, so more groups than cores only costs.
 const MAX_GROUPS: usize = 64;
 
@@ -23,9 +21,7 @@ pub(crate) fn replay_device(snapshot: &Snapshot, device: u32, rules: &Rules) -> 
     let final_indices: Vec<usize> =
         snapshot.segments.iter().enumerate().filter(|(_, s)| s.device == device).map(|(k, _)| k).collect();
     let finals: Vec<&Segment> = final_indices.iter().map(|&k| &snapshot.segments[k]).collect();
-    let mut diagnostics = Vec::new();
-    let t0 = std::time::Instant::now();
-    let lap = |what: &str| eprintln!("  {what}: {:.3}", t0.elapsed().as_secs_f64());
+    let mut log = Log::default();
 
     let segment_events: Vec<u32> = (0..events.len() as u32)
         .filter(|&i| {
@@ -35,15 +31,14 @@ pub(crate) fn replay_device(snapshot: &Snapshot, device: u32, rules: &Rules) -> 
             )
         })
         .collect();
-    lap("segev");
-    let reserved = reserved_at_start(&finals, events, &segment_events, &mut diagnostics);
-    let (units, owner) = route(&snapshot.segments, &final_indices, events, &segment_events, &reserved, &mut diagnostics);
+    let reserved = reserved_at_start(&finals, events, &segment_events, &mut log);
+    let (units, owner) = route(&snapshot.segments, &final_indices, events, &segment_events, &reserved, &mut log);
 
-    lap("route");
     let groups = balance(&units);
+    let effects = Effects::new(events.len());
     let mut outcomes: Vec<GroupOutcome> = groups
         .par_iter()
-        .map(|members| replay_group(members, &units, &owner, &snapshot.segments, events, rules))
+        .map(|members| replay_group(members, &units, &owner, &snapshot.segments, events, rules, &effects))
         .collect();
     // Where each unit's outcome is: (group, position in the group).
     let mut place = vec![(0u32, 0u32); units.len()];
@@ -53,7 +48,6 @@ pub(crate) fn replay_device(snapshot: &Snapshot, device: u32, rules: &Rules) -> 
         }
     }
 
-    lap("groups");
     let mut start = StartState::default();
     let mut start_totals = Totals::default();
     for o in outcomes.iter_mut().flat_map(|g| &mut g.outcomes) {
@@ -70,13 +64,9 @@ pub(crate) fn replay_device(snapshot: &Snapshot, device: u32, rules: &Rules) -> 
     start.trace_complete = !events.is_empty() && start.segments == 0;
 
     let by_unit: Vec<&Outcome> = place.iter().map(|&(g, k)| &outcomes[g as usize].outcomes[k as usize]).collect();
-    let group_of: Vec<u32> = place.iter().map(|p| p.0).collect();
-    let ((series, peaks), blocks) = rayon::join(
-        || build_series(events, &owner, &group_of, &outcomes, start_totals),
-        || lifetimes(&owner, &by_unit),
-    );
+    let ((series, peaks), blocks) =
+        rayon::join(|| build_series(events, effects, &outcomes, start_totals), || lifetimes(&owner, &by_unit));
     drop(owner);
-    lap("merge");
 
     let all = || outcomes.iter().flat_map(|g| &g.outcomes);
     let mut end: Vec<&EndSegment> = all().flat_map(|o| &o.end).collect();
@@ -84,12 +74,14 @@ pub(crate) fn replay_device(snapshot: &Snapshot, device: u32, rules: &Rules) -> 
     let check = self_check(&end, &finals);
     let mut segments: Vec<SegmentLifetime> = all().flat_map(|o| o.segments.iter().copied()).collect();
     segments.sort_by_key(|s| (s.address, s.created_event.map_or(0, |c| u64::from(c) + 1)));
-    diagnostics.extend(all().flat_map(|o| o.diagnostics.iter().cloned()));
+    for o in outcomes.iter_mut().flat_map(|g| &mut g.outcomes) {
+        log.append(std::mem::take(&mut o.diagnostics));
+    }
+    // Each unit kept its first few in event order, so the first few overall are among them.
+    let mut diagnostics = log.kept;
     diagnostics.sort_by_key(|d| (d.event_index.map_or(0, |i| i + 1), d.address));
-    let diagnostic_count = diagnostics.len();
     diagnostics.truncate(MAX_DIAGNOSTICS);
 
-    lap("rest");
     DeviceReplay {
         device,
         event_count: events.len(),
@@ -100,7 +92,7 @@ pub(crate) fn replay_device(snapshot: &Snapshot, device: u32, rules: &Rules) -> 
         blocks,
         segments,
         diagnostics,
-        diagnostic_count,
+        diagnostic_count: log.count,
     }
 }
 
@@ -114,7 +106,7 @@ fn route(
     events: &[TraceEvent],
     segment_events: &[u32],
     reserved: &[Reserved],
-    diagnostics: &mut Vec<Diagnostic>,
+    log: &mut Log,
 ) -> (Vec<Unit>, Vec<u32>) {
     let mut units: Vec<Unit> = Vec::new();
     let mut spans: Vec<(u64, u64, Meta)> =
@@ -134,8 +126,11 @@ fn route(
         }
     }
     for u in &mut units {
-        u.reserved_at_start =
-            reserved.iter().filter(|r| r.expandable && u.start <= r.start && r.end <= u.end).map(|r| (r.start, r.end)).collect();
+        u.reserved_at_start = reserved
+            .iter()
+            .filter(|r| r.expandable && u.start <= r.start && r.end <= u.end)
+            .map(|r| (r.start, r.end))
+            .collect();
     }
     for r in reserved.iter().filter(|r| !r.expandable) {
         let mut u = new_unit(r.start, r.end, false, r.meta);
@@ -144,12 +139,8 @@ fn route(
     }
 
     // Units whose memory is reserved now, by start address: (start, end, unit).
-    let mut live: Vec<(u64, u64, u32)> =
-        units.iter().enumerate().map(|(k, u)| (u.start, u.end, k as u32)).collect();
+    let mut live: Vec<(u64, u64, u32)> = units.iter().enumerate().map(|(k, u)| (u.start, u.end, k as u32)).collect();
     live.sort_unstable();
-    let outside = |diagnostics: &mut Vec<Diagnostic>, i: usize, address: u64| {
-        diagnostics.push(Diagnostic { event_index: Some(i), address, kind: DiagnosticKind::OutsideSegments });
-    };
     let mut owner = vec![NO_UNIT; events.len()];
     for (i, e) in events.iter().enumerate() {
         match e.action {
@@ -159,14 +150,14 @@ fn route(
             | Action::SegmentMap
             | Action::SegmentUnmap => match find(&live, e.addr) {
                 Some(k) => owner[i] = live[k].2,
-                None => outside(diagnostics, i, e.addr),
+                None => log.push(Some(i), e.addr, DiagnosticKind::OutsideSegments),
             },
             Action::SegmentAlloc => {
                 let end = e.addr.saturating_add(e.size);
                 let at = live.partition_point(|l| l.0 < e.addr);
                 let clashes = (at > 0 && live[at - 1].1 > e.addr) || (at < live.len() && live[at].0 < end);
                 if clashes {
-                    diagnostics.push(Diagnostic { event_index: Some(i), address: e.addr, kind: DiagnosticKind::SegmentOverlaps });
+                    log.push(Some(i), e.addr, DiagnosticKind::SegmentOverlaps);
                     continue;
                 }
                 owner[i] = units.len() as u32;
@@ -178,7 +169,7 @@ fn route(
                     owner[i] = live[k].2;
                     live.remove(k);
                 }
-                _ => outside(diagnostics, i, e.addr),
+                _ => log.push(Some(i), e.addr, DiagnosticKind::OutsideSegments),
             },
             Action::Snapshot | Action::Oom | Action::Other => {}
         }
@@ -217,7 +208,7 @@ fn find(live: &[(u64, u64, u32)], addr: u64) -> Option<usize> {
 /// Split the units into groups of about equal work (events), largest units first, so that
 /// groups can replay in parallel. The split only affects speed: units are independent.
 fn balance(units: &[Unit]) -> Vec<Vec<u32>> {
-    let groups = (2 * rayon::current_num_threads()).clamp(1, MAX_GROUPS).min(units.len().max(1));
+    let groups = rayon::current_num_threads().clamp(1, MAX_GROUPS).min(units.len().max(1));
     let mut order: Vec<u32> = (0..units.len() as u32).collect();
     order.sort_by_key(|&u| std::cmp::Reverse(units[u as usize].event_count));
     let mut load = vec![0usize; groups];

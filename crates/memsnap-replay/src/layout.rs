@@ -95,20 +95,21 @@ impl Layout {
     /// Allocate at `addr`, where a free block must start. The block is split when the rules
     /// say so, otherwise handed out whole. Returns the block's size, or `None` when no free
     /// block starts at `addr`.
-    pub fn allocate(
-        &mut self,
-        addr: u64,
-        rounded: u64,
-        lifetime: u32,
-        split: impl FnOnce(u64) -> bool,
-    ) -> Option<u64> {
+    pub fn allocate(&mut self, addr: u64, rounded: u64, lifetime: u32, split: impl FnOnce(u64) -> bool) -> Option<u64> {
         let i = *self.by_addr.get(&addr)?;
         let node = self.nodes[i as usize];
         if node.state != State::Free || node.size < rounded {
             return None;
         }
         if split(node.size) {
-            let rest = Node { addr: addr + rounded, size: node.size - rounded, state: State::Free, lifetime: 0, prev: i, next: node.next };
+            let rest = Node {
+                addr: addr + rounded,
+                size: node.size - rounded,
+                state: State::Free,
+                lifetime: 0,
+                prev: i,
+                next: node.next,
+            };
             let r = self.insert(rest);
             if node.next != NIL {
                 self.nodes[node.next as usize].prev = r;
@@ -187,7 +188,14 @@ impl Layout {
         }
         self.remove(i);
         let before = if node.addr < addr {
-            self.insert(Node { addr: node.addr, size: addr - node.addr, state: State::Free, lifetime: 0, prev: node.prev, next: NIL })
+            self.insert(Node {
+                addr: node.addr,
+                size: addr - node.addr,
+                state: State::Free,
+                lifetime: 0,
+                prev: node.prev,
+                next: NIL,
+            })
         } else {
             NIL
         };
@@ -195,7 +203,14 @@ impl Layout {
             self.nodes[node.prev as usize].next = before;
         }
         let after = if end < node.end() {
-            self.insert(Node { addr: end, size: node.end() - end, state: State::Free, lifetime: 0, prev: NIL, next: node.next })
+            self.insert(Node {
+                addr: end,
+                size: node.end() - end,
+                state: State::Free,
+                lifetime: 0,
+                prev: NIL,
+                next: node.next,
+            })
         } else {
             NIL
         };

@@ -37,8 +37,8 @@ use memsnap_model::Snapshot;
 use rayon::prelude::*;
 
 pub use output::{
-    BlockLifetime, DeviceReplay, Diagnostic, DiagnosticKind, Mismatch, Peak, Peaks, Replay, SegmentLifetime,
-    SelfCheck, Series, StartState, Totals, UncertainBlock,
+    BlockLifetime, DeviceReplay, Diagnostic, DiagnosticKind, Mismatch, Peak, Peaks, Replay, SegmentLifetime, SelfCheck,
+    Series, StartState, Totals, UncertainBlock,
 };
 pub use rules::{Rules, LARGE_BUFFER, MIN_BLOCK_SIZE, SMALL_SIZE};
 pub use state::{event_at_time, BlockView, MemoryMap, SegmentStats, SegmentView};

@@ -191,11 +191,7 @@ pub enum Mismatch {
     /// A segment in the snapshot that the replay does not have, or has with another size.
     Segment { address: u64, snapshot_size: Option<u64>, replayed_size: Option<u64> },
     /// A block that differs in size or state, or exists on one side only.
-    Block {
-        address: u64,
-        snapshot: Option<(u64, BlockState)>,
-        replayed: Option<(u64, BlockState)>,
-    },
+    Block { address: u64, snapshot: Option<(u64, BlockState)>, replayed: Option<(u64, BlockState)> },
 }
 
 impl fmt::Display for Mismatch {
@@ -204,12 +200,9 @@ impl fmt::Display for Mismatch {
             v.as_ref().map_or_else(|| "absent".to_string(), |v| format!("{v:?}"))
         }
         match self {
-            Mismatch::Segment { address, snapshot_size, replayed_size } => write!(
-                f,
-                "segment {address:#x}: snapshot {}, replay {}",
-                side(snapshot_size),
-                side(replayed_size)
-            ),
+            Mismatch::Segment { address, snapshot_size, replayed_size } => {
+                write!(f, "segment {address:#x}: snapshot {}, replay {}", side(snapshot_size), side(replayed_size))
+            }
             Mismatch::Block { address, snapshot, replayed } => {
                 write!(f, "block {address:#x}: snapshot {}, replay {}", side(snapshot), side(replayed))
             }
@@ -260,6 +253,31 @@ impl fmt::Display for Diagnostic {
             Some(i) => write!(f, "event {i}: {what} ({:#x})", self.address),
             None => write!(f, "start: {what} ({:#x})", self.address),
         }
+    }
+}
+
+/// Diagnostics kept per device (all are counted).
+pub(crate) const MAX_DIAGNOSTICS: usize = 50;
+
+/// Diagnostics as they are found: the first few kept, all counted. A file that is not what it
+/// claims to be can produce one per event.
+#[derive(Debug, Default)]
+pub(crate) struct Log {
+    pub kept: Vec<Diagnostic>,
+    pub count: usize,
+}
+
+impl Log {
+    pub fn push(&mut self, event_index: Option<usize>, address: u64, kind: DiagnosticKind) {
+        self.count += 1;
+        if self.kept.len() < MAX_DIAGNOSTICS {
+            self.kept.push(Diagnostic { event_index, address, kind });
+        }
+    }
+
+    pub fn append(&mut self, other: Log) {
+        self.count += other.count;
+        self.kept.extend(other.kept);
     }
 }
 

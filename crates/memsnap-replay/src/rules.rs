@@ -42,9 +42,11 @@ impl Rules {
         let settings = &snapshot.settings;
         let expandable_segments = settings.expandable_segments.unwrap_or_else(|| {
             snapshot.segments.iter().any(|s| s.is_expandable)
-                || snapshot.traces.iter().flat_map(|t| &t.events).any(|e| {
-                    matches!(e.action, Action::SegmentMap | Action::SegmentUnmap)
-                })
+                || snapshot
+                    .traces
+                    .iter()
+                    .flat_map(|t| &t.events)
+                    .any(|e| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap))
         });
         Rules::new(settings.max_split_size, expandable_segments, &settings.roundup_power2_divisions)
     }

@@ -5,20 +5,23 @@
 //! part of the columns in parallel. Sums are exact (wrapping `i64`, clamped at zero only when
 //! written), so the result does not depend on the thread count.
 
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
+
 use memsnap_model::TraceEvent;
 use rayon::prelude::*;
 
 use crate::output::{Peak, Peaks, Series, Totals};
-use crate::unit::{add, Delta, GroupOutcome, NO_UNIT};
+use crate::unit::{add, Delta, Effect, Effects, GroupOutcome};
 
 /// Events per chunk: large enough to amortise the per-chunk work, small enough to balance.
 pub(crate) const CHUNK: usize = 1 << 16;
 
-/// `group_of[u]` is unit `u`'s group.
+/// The series from the events' effects, which it consumes: their columns become the allocated
+/// and active series.
 pub(crate) fn build_series(
     events: &[TraceEvent],
-    owner: &[u32],
-    group_of: &[u32],
+    effects: Effects,
     groups: &[GroupOutcome],
     start: Totals,
 ) -> (Series, Peaks) {
@@ -33,43 +36,42 @@ pub(crate) fn build_series(
     }
 
     let n = events.len();
-    let (mut allocated, mut reserved, mut active, mut requested) =
-        (vec![0u64; n], vec![0u64; n], vec![0u64; n], vec![0u64; n]);
+    let (mut reserved, mut requested) = (vec![0u64; n], vec![0u64; n]);
     // Per chunk and counter: the highest value and the first event that reached it.
     let chunk_peaks: Vec<[(u64, Option<usize>); 4]> = (
-        allocated.par_chunks_mut(CHUNK),
+        effects.bits.par_chunks(CHUNK),
+        effects.requested.par_chunks(CHUNK),
         reserved.par_chunks_mut(CHUNK),
-        active.par_chunks_mut(CHUNK),
         requested.par_chunks_mut(CHUNK),
     )
         .into_par_iter()
         .enumerate()
-        .map(|(c, (a, r, act, req))| {
-            let mut next: Vec<usize> = groups.iter().map(|g| g.chunk_starts[c]).collect();
+        .map(|(c, (bits, req_bits, r, req))| {
             let mut t = chunk_starts[c];
             let mut peaks = [(0u64, None); 4];
             let base = c * CHUNK;
-            for (j, &u) in owner[base..base + a.len()].iter().enumerate() {
-                if u != NO_UNIT {
-                    let g = group_of[u as usize] as usize;
-                    let d = groups[g].effects[next[g]].delta();
-                    next[g] += 1;
-                    if d != [0; 4] {
-                        add(&mut t, d);
-                        for (peak, v) in peaks.iter_mut().zip(t) {
-                            let v = v.max(0) as u64;
-                            if peak.1.is_none() || v > peak.0 {
-                                *peak = (v, Some(base + j));
-                            }
+            for j in 0..bits.len() {
+                let d = Effect::load_from(&bits[j], &req_bits[j]).delta();
+                if d != [0; 4] {
+                    add(&mut t, d);
+                    for (peak, v) in peaks.iter_mut().zip(t) {
+                        let v = v.max(0) as u64;
+                        if peak.1.is_none() || v > peak.0 {
+                            *peak = (v, Some(base + j));
                         }
                     }
                 }
                 let v = t.map(|v| v.max(0) as u64);
-                (a[j], r[j], act[j], req[j]) = (v[0], v[1], v[2], v[3]);
+                // The effect is read; its slots now take the allocated and active values.
+                bits[j].store(v[0], Relaxed);
+                req_bits[j].store(v[2], Relaxed);
+                (r[j], req[j]) = (v[1], v[3]);
             }
             peaks
         })
         .collect();
+    let column = |c: Vec<AtomicU64>| c.into_iter().map(AtomicU64::into_inner).collect();
+    let (allocated, active) = (column(effects.bits), column(effects.requested));
 
     // The first chunk that reaches the highest value holds the first event that reached it.
     let at_start = |value| Peak { value, event_index: None, time_us: None };

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use memsnap_model::{Action, BlockState, Segment, SegmentType, StackId, TraceEvent};
 
 use crate::layout::AddrMap;
-use crate::output::{Diagnostic, DiagnosticKind, UncertainBlock};
+use crate::output::{DiagnosticKind, Log, UncertainBlock};
 use crate::rules::Rules;
 
 /// Where a segment came from, for display: the snapshot's own record when the segment is still
@@ -48,14 +48,19 @@ pub(crate) fn reserved_at_start(
     finals: &[&Segment],
     events: &[TraceEvent],
     segment_events: &[u32],
-    diagnostics: &mut Vec<Diagnostic>,
+    log: &mut Log,
 ) -> Vec<Reserved> {
     let mut ranges: BTreeMap<u64, Reserved> = BTreeMap::new();
     for s in finals {
-        let r = Reserved { start: s.address, end: s.address + s.total_size, expandable: s.is_expandable, meta: Meta::of_segment(s) };
+        let r = Reserved {
+            start: s.address,
+            end: s.address + s.total_size,
+            expandable: s.is_expandable,
+            meta: Meta::of_segment(s),
+        };
         ranges.insert(s.address, r);
     }
-    let mut clash = |i: u32, addr: u64| diagnostics.push(conflict(Some(i), addr));
+    let mut clash = |i: u32, addr: u64| log.push(Some(i as usize), addr, DiagnosticKind::StartConflict);
     for &i in segment_events.iter().rev() {
         let e = &events[i as usize];
         let (start, end) = (e.addr, e.addr.saturating_add(e.size));
@@ -136,7 +141,7 @@ pub(crate) struct UnitStart {
     /// By address.
     pub blocks: Vec<StartBlock>,
     pub uncertain: Vec<UncertainBlock>,
-    pub diagnostics: Vec<Diagnostic>,
+    pub diagnostics: Log,
 }
 
 /// Known so far about a block active at the start, while walking back.
@@ -154,7 +159,7 @@ struct Found {
 /// `alloc`, re-create each freed block.
 pub(crate) struct StartWalk {
     active: AddrMap<Found>,
-    diagnostics: Vec<Diagnostic>,
+    diagnostics: Log,
 }
 
 impl StartWalk {
@@ -172,7 +177,7 @@ impl StartWalk {
                 active.insert(b.address, found);
             }
         }
-        StartWalk { active, diagnostics: Vec::new() }
+        StartWalk { active, diagnostics: Log::default() }
     }
 
     /// Undo event `i`; call for the unit's events from the last to the first.
@@ -188,7 +193,7 @@ impl StartWalk {
             _ => true,
         };
         if !known {
-            self.diagnostics.push(conflict(Some(i), e.addr));
+            self.diagnostics.push(Some(i as usize), e.addr, DiagnosticKind::StartConflict);
         }
     }
 
@@ -203,7 +208,7 @@ impl StartWalk {
         let mut bounds: Vec<Bound> = Vec::with_capacity(found.len());
         for (k, (addr, f)) in found.iter().enumerate() {
             let Some(&(_, range_end)) = ranges.iter().find(|(s, e)| s <= addr && addr < e) else {
-                diagnostics.push(conflict(None, *addr));
+                diagnostics.push(None, *addr, DiagnosticKind::StartConflict);
                 continue;
             };
             let limit = found.get(k + 1).map_or(range_end, |(next, _)| (*next).min(range_end)) - addr;
@@ -215,7 +220,7 @@ impl StartWalk {
                 }
             };
             if min > limit {
-                diagnostics.push(conflict(None, *addr));
+                diagnostics.push(None, *addr, DiagnosticKind::StartConflict);
             }
             let min = min.min(limit);
             bounds.push(Bound { address: *addr, min, max: max.min(limit).max(min), found: k });
@@ -237,7 +242,7 @@ pub(crate) struct StartBounds {
     found: Vec<(u64, Found)>,
     /// By address.
     bounds: Vec<Bound>,
-    diagnostics: Vec<Diagnostic>,
+    diagnostics: Log,
 }
 
 impl StartBounds {
@@ -279,8 +284,4 @@ impl StartBounds {
         }
         out
     }
-}
-
-fn conflict(event: Option<u32>, address: u64) -> Diagnostic {
-    Diagnostic { event_index: event.map(|i| i as usize), address, kind: DiagnosticKind::StartConflict }
 }

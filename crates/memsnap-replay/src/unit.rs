@@ -6,10 +6,14 @@
 //! event it owns to that unit. Reading the trace in order keeps memory access sequential, which
 //! matters more than anything else at millions of events.
 
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
+
 use memsnap_model::{Action, BlockState, Segment, TraceEvent};
+use rayon::prelude::*;
 
 use crate::layout::{Layout, State};
-use crate::output::{BlockLifetime, Diagnostic, DiagnosticKind, SegmentLifetime, Totals, UncertainBlock};
+use crate::output::{BlockLifetime, DiagnosticKind, Log, SegmentLifetime, Totals, UncertainBlock};
 use crate::rules::Rules;
 use crate::series::CHUNK;
 use crate::start::{Meta, StartBounds, StartWalk, UnitStart};
@@ -34,7 +38,7 @@ pub(crate) const NO_UNIT: u32 = u32::MAX;
 
 /// What an event did to the counters: the block (or segment) size with flags saying which
 /// counters it moves and in which direction, and the requested bytes it adds or removes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct Effect {
     bits: u64,
     requested: u64,
@@ -52,6 +56,11 @@ impl Effect {
         Effect { bits: (size & Self::SIZE) | flags, requested }
     }
 
+    /// An effect as [`Effects`] stores it.
+    pub fn load_from(bits: &AtomicU64, requested: &AtomicU64) -> Effect {
+        Effect { bits: bits.load(Relaxed), requested: requested.load(Relaxed) }
+    }
+
     /// The signed change of allocated, reserved, active and requested bytes.
     pub fn delta(self) -> Delta {
         let sign: i64 = if self.bits & Self::GROWS != 0 { 1 } else { -1 };
@@ -66,6 +75,27 @@ impl Effect {
     }
 }
 
+/// Every event's effect, written by the group that owns the event. The two columns later become
+/// the allocated and active series (see `series`), so effects take no memory of their own; they
+/// are atomics only so that groups can fill them in parallel without `unsafe` (each event is
+/// written by exactly one group, so the content does not depend on scheduling).
+pub(crate) struct Effects {
+    pub bits: Vec<AtomicU64>,
+    pub requested: Vec<AtomicU64>,
+}
+
+impl Effects {
+    pub fn new(events: usize) -> Effects {
+        let column = || (0..events).into_par_iter().map(|_| AtomicU64::new(0)).collect();
+        Effects { bits: column(), requested: column() }
+    }
+
+    fn store(&self, i: usize, f: Effect) {
+        self.bits[i].store(f.bits, Relaxed);
+        self.requested[i].store(f.requested, Relaxed);
+    }
+}
+
 /// Signed change of the counters: allocated, reserved, active, requested.
 pub(crate) type Delta = [i64; 4];
 
@@ -76,23 +106,28 @@ pub(crate) fn add(to: &mut Delta, d: Delta) {
 }
 
 /// A dump-time segment as the replay sees it, for the self-check.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub(crate) struct EndSegment {
     pub address: u64,
     pub size: u64,
     pub blocks: Vec<(u64, u64, BlockState)>,
 }
 
+/// What one unit produced.
 pub(crate) struct Outcome {
     /// Blocks from before the trace (by address), then blocks in allocation order.
     pub blocks: Vec<BlockLifetime>,
     pub segments: Vec<SegmentLifetime>,
+    /// Counters before the first event.
     pub start: Totals,
+    /// Ranges reserved, and blocks active (the first `start_blocks` of `blocks`), before the
+    /// first event.
     pub start_segments: usize,
     pub start_blocks: usize,
     pub uncertain: Vec<UncertainBlock>,
+    /// The layout after the last event.
     pub end: Vec<EndSegment>,
-    pub diagnostics: Vec<Diagnostic>,
+    pub diagnostics: Log,
 }
 
 /// A mapped range of an expandable segment that is still mapped.
@@ -113,23 +148,19 @@ struct Replayer<'a> {
     /// Counters before the first event.
     start: Totals,
     uncertain: Vec<UncertainBlock>,
-    diagnostics: Vec<Diagnostic>,
+    diagnostics: Log,
 }
 
-/// What a group of units produced.
+/// What a group of units produced (besides its events' [`Effects`]).
 pub(crate) struct GroupOutcome {
-    /// Effects of the group's events, in trace order.
-    pub effects: Vec<Effect>,
-    /// Per chunk of the trace ([`CHUNK`] events), the index in `effects` of its first effect;
-    /// one more entry holds the total.
-    pub chunk_starts: Vec<usize>,
-    /// Per chunk, the sum of the group's deltas.
+    /// Per chunk of the trace ([`CHUNK`] events), the sum of the group's deltas.
     pub chunk_sums: Vec<Delta>,
     /// One per member, in the order of `members`.
     pub outcomes: Vec<Outcome>,
 }
 
-/// Replay the units `members`; `owner` gives each event's unit.
+/// Replay the units `members`; `owner` gives each event's unit. Each event's effect goes to
+/// `effects`.
 pub(crate) fn replay_group(
     members: &[u32],
     units: &[Unit],
@@ -137,6 +168,7 @@ pub(crate) fn replay_group(
     segments: &[Segment],
     events: &[TraceEvent],
     rules: &Rules,
+    effects: &Effects,
 ) -> GroupOutcome {
     let mut slot = vec![NO_UNIT; units.len()];
     for (k, &u) in members.iter().enumerate() {
@@ -190,23 +222,15 @@ pub(crate) fn replay_group(
         .zip(bounds)
         .map(|(&u, b)| Replayer::new(&units[u as usize], rules, b.map(StartBounds::finish)))
         .collect();
-    let mut effects = Vec::with_capacity(members.iter().map(|&u| units[u as usize].event_count).sum());
-    let chunks = events.len().div_ceil(CHUNK);
-    let mut chunk_starts = Vec::with_capacity(chunks + 1);
-    let mut chunk_sums = vec![[0i64; 4]; chunks];
+    let mut chunk_sums = vec![[0i64; 4]; events.len().div_ceil(CHUNK)];
     for (i, e) in events.iter().enumerate() {
         if let Some(k) = mine(i) {
-            let c = i / CHUNK;
-            while chunk_starts.len() <= c {
-                chunk_starts.push(effects.len());
-            }
             let f = replayers[k].apply(i as u32, e);
-            add(&mut chunk_sums[c], f.delta());
-            effects.push(f);
+            add(&mut chunk_sums[i / CHUNK], f.delta());
+            effects.store(i, f);
         }
     }
-    chunk_starts.resize(chunks + 1, effects.len());
-    GroupOutcome { effects, chunk_starts, chunk_sums, outcomes: replayers.into_iter().map(Replayer::finish).collect() }
+    GroupOutcome { chunk_sums, outcomes: replayers.into_iter().map(Replayer::finish).collect() }
 }
 
 impl<'a> Replayer<'a> {
@@ -220,7 +244,7 @@ impl<'a> Replayer<'a> {
             extents: Vec::new(),
             start: Totals::default(),
             uncertain: Vec::new(),
-            diagnostics: Vec::new(),
+            diagnostics: Log::default(),
         };
         if let Some(start) = start {
             r.lay_out_start(start);
@@ -304,7 +328,7 @@ impl<'a> Replayer<'a> {
     }
 
     fn diagnose(&mut self, i: u32, address: u64, kind: DiagnosticKind) {
-        self.diagnostics.push(Diagnostic { event_index: Some(i as usize), address, kind });
+        self.diagnostics.push(Some(i as usize), address, kind);
     }
 
     fn apply(&mut self, i: u32, e: &TraceEvent) -> Effect {
@@ -326,7 +350,8 @@ impl<'a> Replayer<'a> {
                 Some(n) if n.state != State::Free => {
                     // A block freed without `free_requested` (not seen from PyTorch) stops
                     // counting as allocated here as well.
-                    let flags = if n.state == State::Allocated { Effect::ACTIVE | Effect::ALLOCATED } else { Effect::ACTIVE };
+                    let flags =
+                        if n.state == State::Allocated { Effect::ACTIVE | Effect::ALLOCATED } else { Effect::ACTIVE };
                     let (size, lifetime) = (n.size, n.lifetime);
                     self.layout.release(e.addr);
                     let block = &mut self.blocks[lifetime as usize];

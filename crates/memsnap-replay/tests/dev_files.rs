@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 mod common;
 
 use common::{map_layout, snapshot_layout};
-use memsnap_model::{read_snapshot, Snapshot};
+use memsnap_model::{read_snapshot, BlockState, Snapshot};
 use memsnap_replay::{replay, DeviceReplay};
 
 fn dev_dir() -> Option<PathBuf> {
@@ -95,7 +95,16 @@ fn dev_files_replay_exactly() {
             d.check.mismatches.iter().map(ToString::to_string).collect::<Vec<_>>(),
             d.diagnostics.iter().map(ToString::to_string).collect::<Vec<_>>(),
         );
+        // The snapshot's own blocks give requested bytes (no truth file has them).
+        let requested: u64 = snapshot
+            .segments
+            .iter()
+            .flat_map(|s| &s.blocks)
+            .filter(|b| b.state != BlockState::Inactive)
+            .map(|b| b.requested_size)
+            .sum();
         let exact = d.peaks.allocated.value == t.max_allocated
+            && end.requested == requested
             && d.peaks.reserved.value == t.max_reserved
             && end.allocated == t.allocated
             && end.reserved == t.reserved
@@ -130,5 +139,17 @@ fn state_at_end_is_the_snapshot() {
             map_layout(&d.state_at_end()) == snapshot_layout(&snapshot),
             "{name}: state_at_end differs from the snapshot"
         );
+    }
+}
+
+/// 1 and 3 threads give the same replay, on every dev file.
+#[test]
+fn thread_count_does_not_change_the_result() {
+    let Some(dir) = dev_dir() else { return };
+    let pool = |n| rayon::ThreadPoolBuilder::new().num_threads(n).build().unwrap();
+    let (one, three) = (pool(1), pool(3));
+    for (name, path, _) in dev_files(&dir) {
+        let snapshot = load(&path);
+        assert!(one.install(|| replay(&snapshot)) == three.install(|| replay(&snapshot)), "{name}");
     }
 }

@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 
 use common::{map_layout, snapshot_layout};
 use memsnap_model::{
-    Action, AllocatorSettings, Block, BlockState, DeviceTrace, Segment, SegmentType, Snapshot, Stack, StackId,
-    StrId, TraceEvent,
+    Action, AllocatorSettings, Block, BlockState, DeviceTrace, Segment, SegmentType, Snapshot, Stack, StackId, StrId,
+    TraceEvent,
 };
 use memsnap_replay::{replay, Replay, Totals};
 use proptest::prelude::*;
@@ -176,12 +176,7 @@ impl Model {
             _ => self.next_addr + if address_choice & 1 == 0 { 0 } else { 4 * MIB },
         };
         self.next_addr = self.next_addr.max(addr + size);
-        self.segs.push(NSeg {
-            addr,
-            size,
-            small,
-            blocks: vec![NBlock { addr, size, requested: 0, state: St::Free }],
-        });
+        self.segs.push(NSeg { addr, size, small, blocks: vec![NBlock { addr, size, requested: 0, state: St::Free }] });
         self.totals.reserved += size;
         self.emit(Action::SegmentAlloc, addr, size);
         (self.segs.len() - 1, 0)
@@ -202,7 +197,9 @@ impl Model {
         self.segs
             .iter()
             .enumerate()
-            .flat_map(|(k, s)| s.blocks.iter().enumerate().filter(move |(_, b)| b.state == state).map(move |(j, _)| (k, j)))
+            .flat_map(|(k, s)| {
+                s.blocks.iter().enumerate().filter(move |(_, b)| b.state == state).map(move |(j, _)| (k, j))
+            })
             .collect()
     }
 

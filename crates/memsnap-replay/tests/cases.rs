@@ -1,0 +1,254 @@
+//! Small hand-written traces, one allocator rule each: the counters after every event and the
+//! start reconstruction are checked against values worked out by hand.
+
+use memsnap_model::{
+    Action, AllocatorSettings, Block, BlockState, DeviceTrace, Segment, SegmentType, Snapshot, Stack, StackId, StrId,
+    TraceEvent,
+};
+use memsnap_replay::{replay, DeviceReplay, DiagnosticKind};
+
+const MIB: u64 = 1 << 20;
+const BASE: u64 = 0x7f00_0000_0000;
+
+fn ev(action: Action, addr: u64, size: u64) -> TraceEvent {
+    TraceEvent {
+        addr,
+        size,
+        stream: 0,
+        time_us: 0,
+        stack: StackId::EMPTY,
+        compile_context: StrId(0),
+        user_metadata: StrId(0),
+        action,
+    }
+}
+
+fn block(address: u64, size: u64, state: BlockState) -> Block {
+    Block { address, size, requested_size: size, state, stack: StackId::EMPTY, address_derived: false }
+}
+
+fn segment(address: u64, total_size: u64, is_expandable: bool, blocks: Vec<Block>) -> Segment {
+    Segment {
+        device: 0,
+        address,
+        total_size,
+        allocated_size: 0,
+        active_size: 0,
+        requested_size: 0,
+        stream: 0,
+        segment_type: if total_size == 2 * MIB { SegmentType::Small } else { SegmentType::Large },
+        pool_id: (0, 0),
+        is_expandable,
+        stack: StackId::EMPTY,
+        blocks,
+    }
+}
+
+fn run(segments: Vec<Segment>, events: Vec<TraceEvent>, settings: AllocatorSettings) -> DeviceReplay {
+    let snapshot = Snapshot {
+        segments,
+        traces: vec![DeviceTrace { device: 0, events }],
+        settings,
+        strings: vec![String::new()],
+        stacks: vec![Stack::default()],
+        ..Snapshot::default()
+    };
+    let mut r = replay(&snapshot);
+    let d = r.devices.remove(0);
+    assert!(d.check.matches_snapshot, "{:?}", d.check.mismatches);
+    assert_eq!(d.diagnostic_count, 0, "{:?}", d.diagnostics);
+    d
+}
+
+/// Allocated bytes after each event.
+fn allocated(d: &DeviceReplay) -> Vec<u64> {
+    d.series.allocated.clone()
+}
+
+#[test]
+fn unsplit_large_block_is_allocated_whole() {
+    // A 20 MiB segment; 18.5 MiB requested leaves 1.5 MiB (> 1 MiB): split. Freed, then 19.5 MiB
+    // requested leaves 0.5 MiB (<= 1 MiB): the whole 20 MiB block is handed out.
+    let s = BASE;
+    let events = vec![
+        ev(Action::SegmentAlloc, s, 20 * MIB),
+        ev(Action::Alloc, s, 18 * MIB + MIB / 2),
+        ev(Action::FreeRequested, s, 18 * MIB + MIB / 2),
+        ev(Action::FreeCompleted, s, 18 * MIB + MIB / 2),
+        ev(Action::Alloc, s, 19 * MIB + MIB / 2),
+    ];
+    let finals = vec![segment(s, 20 * MIB, false, vec![block(s, 20 * MIB, BlockState::Allocated)])];
+    let d = run(finals, events, AllocatorSettings::default());
+    assert_eq!(allocated(&d), vec![0, 18 * MIB + MIB / 2, 0, 0, 20 * MIB]);
+    assert!(d.start.trace_complete);
+    assert_eq!(d.blocks[1].size, 20 * MIB);
+    assert_eq!(d.blocks[1].requested_size, 19 * MIB + MIB / 2);
+}
+
+#[test]
+fn oversize_blocks_are_never_split() {
+    // max_split_size 8 MiB: a 10 MiB request on a 30 MiB segment holds all of it.
+    let s = BASE;
+    let settings = AllocatorSettings { max_split_size: Some(8 * MIB), ..AllocatorSettings::default() };
+    let events = vec![ev(Action::SegmentAlloc, s, 30 * MIB), ev(Action::Alloc, s, 10 * MIB)];
+    let finals = vec![segment(s, 30 * MIB, false, vec![block(s, 30 * MIB, BlockState::Allocated)])];
+    let d = run(finals, events, settings);
+    assert_eq!(allocated(&d), vec![0, 30 * MIB]);
+}
+
+#[test]
+fn pending_free_leaves_allocated_first_and_active_later() {
+    // record_stream: free_requested drops allocated, free_completed (later) drops active.
+    let s = BASE;
+    let events = vec![
+        ev(Action::SegmentAlloc, s, 2 * MIB),
+        ev(Action::Alloc, s, 4096),
+        ev(Action::FreeRequested, s, 4096),
+        ev(Action::Alloc, s + 4096, 4096),
+        ev(Action::FreeCompleted, s, 4096),
+    ];
+    let finals = vec![segment(
+        s,
+        2 * MIB,
+        false,
+        vec![
+            block(s, 4096, BlockState::Inactive),
+            block(s + 4096, 4096, BlockState::Allocated),
+            block(s + 8192, 2 * MIB - 8192, BlockState::Inactive),
+        ],
+    )];
+    let d = run(finals, events, AllocatorSettings::default());
+    assert_eq!(allocated(&d), vec![0, 4096, 0, 4096, 4096]);
+    assert_eq!(d.series.active, vec![0, 4096, 4096, 8192, 4096]);
+    assert_eq!(d.series.requested, vec![0, 4096, 4096, 8192, 4096]);
+}
+
+#[test]
+fn segments_at_a_reused_address_do_not_mix() {
+    // Two adjacent segments never merge free blocks; an address released with its segment comes
+    // back as another segment.
+    let (a, b) = (BASE, BASE + 2 * MIB);
+    let events = vec![
+        ev(Action::SegmentAlloc, a, 2 * MIB),
+        ev(Action::SegmentAlloc, b, 2 * MIB),
+        ev(Action::Alloc, b, 512),
+        ev(Action::FreeRequested, b, 512),
+        ev(Action::FreeCompleted, b, 512),
+        ev(Action::SegmentFree, a, 2 * MIB),
+        ev(Action::SegmentAlloc, a, 2 * MIB),
+        ev(Action::Alloc, a, 512),
+    ];
+    let finals = vec![
+        segment(
+            a,
+            2 * MIB,
+            false,
+            vec![block(a, 512, BlockState::Allocated), block(a + 512, 2 * MIB - 512, BlockState::Inactive)],
+        ),
+        segment(b, 2 * MIB, false, vec![block(b, 2 * MIB, BlockState::Inactive)]),
+    ];
+    let d = run(finals, events, AllocatorSettings::default());
+    assert_eq!(d.series.reserved, vec![2 * MIB, 4 * MIB, 4 * MIB, 4 * MIB, 4 * MIB, 2 * MIB, 4 * MIB, 4 * MIB]);
+    let lifetimes: Vec<_> = d.segments.iter().map(|s| (s.address, s.created_event, s.released_event)).collect();
+    assert_eq!(lifetimes, vec![(a, Some(0), Some(5)), (a, Some(6), None), (b, Some(1), None)]);
+}
+
+#[test]
+fn impossible_events_are_reported_not_fatal() {
+    // An allocation in the middle of a free block, and a free of a block never allocated.
+    let s = BASE;
+    let events = vec![
+        ev(Action::SegmentAlloc, s, 2 * MIB),
+        ev(Action::Alloc, s + MIB, 512),
+        ev(Action::FreeRequested, s + 4096, 512),
+    ];
+    let snapshot = Snapshot {
+        segments: vec![segment(
+            s,
+            2 * MIB,
+            false,
+            vec![
+                block(s, MIB, BlockState::Inactive),
+                block(s + MIB, 512, BlockState::Allocated),
+                block(s + MIB + 512, MIB - 512, BlockState::Inactive),
+            ],
+        )],
+        traces: vec![DeviceTrace { device: 0, events }],
+        strings: vec![String::new()],
+        stacks: vec![Stack::default()],
+        ..Snapshot::default()
+    };
+    let d = replay(&snapshot).devices.remove(0);
+    let kinds: Vec<_> = d.diagnostics.iter().map(|x| (x.event_index, x.kind)).collect();
+    assert_eq!(kinds, vec![(Some(1), DiagnosticKind::AllocOverlaps), (Some(2), DiagnosticKind::UnknownFree)]);
+    // The allocation is still placed where the trace says, so the end state matches.
+    assert!(d.check.matches_snapshot, "{:?}", d.check.mismatches);
+    assert_eq!(d.series.allocated, vec![0, 512, 512]);
+}
+
+#[test]
+fn expandable_segments_map_and_unmap() {
+    // Mapped memory grows and shrinks at the end; blocks split with the 512-byte rule even in the
+    // large pool.
+    let s = BASE;
+    let settings = AllocatorSettings { expandable_segments: Some(true), ..AllocatorSettings::default() };
+    let events = vec![
+        ev(Action::SegmentMap, s, 20 * MIB),
+        ev(Action::Alloc, s, 19 * MIB + MIB / 2),
+        ev(Action::SegmentMap, s + 20 * MIB, 20 * MIB),
+        ev(Action::Alloc, s + 19 * MIB + MIB / 2, 2 * MIB),
+        ev(Action::FreeRequested, s + 19 * MIB + MIB / 2, 2 * MIB),
+        ev(Action::FreeCompleted, s + 19 * MIB + MIB / 2, 2 * MIB),
+        ev(Action::SegmentUnmap, s + 20 * MIB, 20 * MIB),
+    ];
+    let finals = vec![segment(
+        s,
+        20 * MIB,
+        true,
+        vec![
+            block(s, 19 * MIB + MIB / 2, BlockState::Allocated),
+            block(s + 19 * MIB + MIB / 2, MIB / 2, BlockState::Inactive),
+        ],
+    )];
+    let d = run(finals, events, settings);
+    assert_eq!(allocated(&d)[1], 19 * MIB + MIB / 2);
+    assert_eq!(d.series.reserved, vec![20 * MIB, 20 * MIB, 40 * MIB, 40 * MIB, 40 * MIB, 40 * MIB, 20 * MIB]);
+    // After the second map, the two mapped ranges are one segment.
+    let map = d.state_after(Some(3));
+    assert_eq!(map.segments.len(), 1);
+    assert_eq!(map.segments[0].total_size, 40 * MIB);
+}
+
+#[test]
+fn start_of_a_wrapped_trace_is_reconstructed() {
+    // The trace begins mid-run: one block alive at dump was allocated before it, one block
+    // freed during it was too. The freed one asked for 3 MiB in the large pool: it may have been
+    // given a block of up to 4 MiB whole, unless something tells otherwise — here the next block
+    // at +3.5 MiB caps it.
+    let s = BASE;
+    let events = vec![
+        ev(Action::FreeRequested, s, 3 * MIB),
+        ev(Action::FreeCompleted, s, 3 * MIB),
+        ev(Action::Alloc, s, MIB + 512),
+    ];
+    let finals = vec![segment(
+        s,
+        20 * MIB,
+        false,
+        vec![
+            block(s, MIB + 512, BlockState::Allocated),
+            block(s + MIB + 512, 3 * MIB + MIB / 2 - MIB - 512, BlockState::Inactive),
+            block(s + 3 * MIB + MIB / 2, MIB, BlockState::Allocated),
+            block(s + 4 * MIB + MIB / 2, 15 * MIB + MIB / 2, BlockState::Inactive),
+        ],
+    )];
+    let d = run(finals, events, AllocatorSettings::default());
+    assert!(!d.start.trace_complete);
+    assert_eq!((d.start.segments, d.start.blocks), (1, 2));
+    assert_eq!(d.start.uncertain_blocks.len(), 1);
+    let u = d.start.uncertain_blocks[0];
+    assert_eq!((u.address, u.size_assumed, u.size_max), (s, 3 * MIB, 3 * MIB + MIB / 2));
+    assert_eq!(d.start.uncertain_bytes, MIB / 2);
+    assert_eq!(d.series.start.allocated, 4 * MIB);
+    assert_eq!(allocated(&d), vec![MIB, MIB, 2 * MIB + 512]);
+}
