@@ -74,9 +74,20 @@ impl Compression {
     }
 }
 
-/// Upper bound on the decompressed size we accept, so a compression bomb cannot take all memory.
-/// Real snapshots reach a few GB; 64 GiB is far beyond any of them.
-pub const MAX_DECOMPRESSED: u64 = 64 << 30;
+/// Upper bound on the decompressed size we accept, so a compression bomb cannot take all memory:
+/// half of physical memory (read from `/proc/meminfo`), and never more than 64 GiB. Real
+/// snapshots reach a few GB.
+pub fn max_decompressed() -> u64 {
+    const CEILING: u64 = 64 << 30;
+    let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        m.lines()
+            .find(|l| l.starts_with("MemTotal:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|kb| kb.parse::<u64>().ok())
+            .map(|kb| kb * 1024)
+    });
+    total.map_or(CEILING, |t| (t / 2).min(CEILING))
+}
 
 /// Read `path` (or stdin for `-`), decompressing when needed.
 pub fn read_input(path: &Path) -> io::Result<(InputBytes, Compression)> {
@@ -109,19 +120,31 @@ pub fn read_input(path: &Path) -> io::Result<(InputBytes, Compression)> {
         return Ok((raw, compression));
     }
     let data = raw.as_slice();
-    let mut out = Vec::new();
-    let limit = MAX_DECOMPRESSED + 1;
-    let res = match compression {
-        Compression::Gzip => flate2::read::MultiGzDecoder::new(data).take(limit).read_to_end(&mut out),
-        Compression::Zstd => zstd::stream::read::Decoder::new(data)?.take(limit).read_to_end(&mut out),
-        Compression::Xz => xz2::read::XzDecoder::new_multi_decoder(data).take(limit).read_to_end(&mut out),
+    let mut reader: Box<dyn Read + '_> = match compression {
+        Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(data)),
+        Compression::Zstd => Box::new(zstd::stream::read::Decoder::new(data)?),
+        Compression::Xz => Box::new(xz2::read::XzDecoder::new_multi_decoder(data)),
         Compression::None => unreachable!("handled above"),
     };
-    res.map_err(|e| io::Error::new(e.kind(), format!("{} decompression failed: {e}", compression.name())))?;
-    if out.len() as u64 > MAX_DECOMPRESSED {
+    let fail = |e: io::Error| io::Error::new(e.kind(), format!("{} decompression failed: {e}", compression.name()));
+    // Look at the first decompressed bytes before inflating the rest: a compressed file that is
+    // not a pickle (or a compression bomb of zeros) is rejected after 64 KiB, not gigabytes.
+    let mut out = Vec::new();
+    (&mut reader).take(64 << 10).read_to_end(&mut out).map_err(fail)?;
+    if let Some(&first) = out.first() {
+        if !matches!(first, 0x80 | b'(' | b']' | b'}') {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{} stream does not contain a pickle (first decompressed byte 0x{first:02x})", compression.name()),
+            ));
+        }
+    }
+    let limit = max_decompressed();
+    reader.take(limit + 1 - out.len() as u64).read_to_end(&mut out).map_err(fail)?;
+    if out.len() as u64 > limit {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            format!("{} stream decompresses to more than {} bytes", compression.name(), MAX_DECOMPRESSED),
+            format!("{} stream decompresses to more than {limit} bytes (half of this machine's memory, at most 64 GiB)", compression.name()),
         ));
     }
     Ok((InputBytes::Owned(out), compression))

@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 
 use crate::cmd::analyze::{analyze_file, Analyzed};
 use crate::cmd::summary::lacks;
-use crate::input::{Compression, MAX_DECOMPRESSED};
+use crate::input::{max_decompressed, Compression};
 use crate::load::LoadError;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -418,7 +418,7 @@ fn estimate_pickle_bytes(path: &Path) -> u64 {
         Compression::Zstd => zstd::zstd_safe::get_frame_content_size(&head[..n]).ok().flatten(),
         Compression::Xz => xz_uncompressed_size(&mut f, len),
     };
-    estimate.unwrap_or(len.saturating_mul(32)).min(MAX_DECOMPRESSED)
+    estimate.unwrap_or(len.saturating_mul(32)).min(max_decompressed())
 }
 
 fn read_up_to(f: &mut File, buf: &mut [u8]) -> usize {
@@ -514,15 +514,16 @@ fn default_budget() -> u64 {
     (available_memory().unwrap_or(12 << 30) / 3).max(256 << 20)
 }
 
-fn open_output(args: &Args) -> anyhow::Result<(Box<dyn Write>, Format, String)> {
+/// The row writer, its format, a name for the summary line, and whether it is stdout.
+fn open_output(args: &Args) -> anyhow::Result<(Box<dyn Write>, Format, String, bool)> {
     match &args.output {
         Some(p) if p.as_os_str() != "-" => {
             let ext_csv = p.extension().is_some_and(|e| e.eq_ignore_ascii_case("csv"));
             let format = args.format.unwrap_or(if ext_csv { Format::Csv } else { Format::Jsonl });
             let f = File::create(p).with_context(|| format!("cannot create {}", p.display()))?;
-            Ok((Box::new(BufWriter::new(f)), format, p.display().to_string()))
+            Ok((Box::new(BufWriter::new(f)), format, p.display().to_string(), false))
         }
-        _ => Ok((Box::new(BufWriter::new(io::stdout())), args.format.unwrap_or(Format::Jsonl), "stdout".into())),
+        _ => Ok((Box::new(BufWriter::new(io::stdout())), args.format.unwrap_or(Format::Jsonl), "stdout".into(), true)),
     }
 }
 
@@ -535,7 +536,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     for arg in &args.paths {
         disc.add_arg(arg);
     }
-    let (mut out, format, out_name) = open_output(args)?;
+    let (mut out, format, out_name, to_stdout) = open_output(args)?;
     if format == Format::Csv {
         writeln!(out, "{}", CSV_COLUMNS.join(","))?;
     }
@@ -547,7 +548,9 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         .thread_name(|i| format!("memsnap-batch-{i}"))
         .build()?;
     let inputs = disc.inputs;
-    let progress = if io::stderr().is_terminal() {
+    // On a terminal only, and not when the rows themselves go to the same terminal.
+    let rows_on_terminal = to_stdout && io::stdout().is_terminal();
+    let progress = if io::stderr().is_terminal() && !rows_on_terminal {
         let pb = indicatif::ProgressBar::with_draw_target(Some(inputs.len() as u64), indicatif::ProgressDrawTarget::stderr());
         if let Ok(style) = indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {wide_msg}") {
             pb.set_style(style.progress_chars("=> "));
@@ -648,5 +651,21 @@ mod tests {
         assert_eq!(csv_field("plain"), "plain");
         assert_eq!(csv_field("a,b"), "\"a,b\"");
         assert_eq!(csv_field("say \"hi\""), "\"say \"\"hi\"\"\"");
+    }
+
+    #[test]
+    fn estimates_read_the_decompressed_size_from_headers() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/variants");
+        let plain = std::fs::metadata(dir.join("s12_p4.pickle")).unwrap().len();
+        for name in ["s12_p4.pickle", "s12_p4.pickle.gz", "s12_p4.pickle.xz"] {
+            assert_eq!(estimate_pickle_bytes(&dir.join(name)), plain, "{name}");
+        }
+        // This zstd stream was written without a content size: the estimate falls back to 32
+        // times the file, which errs on the side of memory.
+        for name in ["s12_p4.pickle.zst", "s12_p4_zstd_misnamed.pickle"] {
+            let len = std::fs::metadata(dir.join(name)).unwrap().len();
+            assert_eq!(estimate_pickle_bytes(&dir.join(name)), len * 32, "{name}");
+        }
+        assert_eq!(estimate_pickle_bytes(&dir.join("no such file")), 0);
     }
 }

@@ -76,13 +76,17 @@ pub fn pre_trace_blocks(snap: &Snapshot) -> (u64, u64) {
     use std::collections::HashSet;
     let mut blocks = 0;
     let mut bytes = 0;
-    for tr in &snap.traces {
-        if tr.events.is_empty() {
-            continue;
-        }
-        let allocs: HashSet<u64> = tr.events.iter().filter(|e| e.action == Action::Alloc).map(|e| e.addr).collect();
-        for b in snap.segments.iter().filter(|s| s.device == tr.device).flat_map(|s| &s.blocks) {
-            if b.state == BlockState::Allocated && !allocs.contains(&b.address) {
+    // Allocation addresses per device, built once (a file may list many devices).
+    let allocs: std::collections::HashMap<u32, HashSet<u64>> = snap
+        .traces
+        .iter()
+        .filter(|tr| !tr.events.is_empty())
+        .map(|tr| (tr.device, tr.events.iter().filter(|e| e.action == Action::Alloc).map(|e| e.addr).collect()))
+        .collect();
+    for seg in &snap.segments {
+        let Some(seen) = allocs.get(&seg.device) else { continue };
+        for b in &seg.blocks {
+            if b.state == BlockState::Allocated && !seen.contains(&b.address) {
                 blocks += 1;
                 bytes += b.size;
             }

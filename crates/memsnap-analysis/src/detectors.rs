@@ -136,6 +136,9 @@ enum GroupKey {
     Site(FrameId),
 }
 
+/// Marks an occurrence number as an evaluation pass index rather than an iteration index.
+const EVAL_PASS: usize = 1 << 40;
+
 #[derive(Default)]
 struct Group {
     /// Occurrences (iterations, or forward passes for evaluation passes) with survivors.
@@ -187,8 +190,9 @@ fn growth(snap: &Snapshot, stacks: &StackTable, phases: &Phases, d: &DeviceRepla
                 if let (Some(_), Some(op)) = (fwd, info.innermost_python) {
                     forward_inner.entry(info.forward_call).or_default().insert(op);
                 }
-                // Evaluation passes repeat within one iteration: count passes, not iterations.
-                let occ = if eval { pass } else { it };
+                // Evaluation passes repeat within one iteration: count passes, not iterations
+                // (tagged so the two never collide when one line does both).
+                let occ = if eval { EVAL_PASS | pass } else { it };
                 (GroupKey::Forward(info.forward_call), occ, eval)
             }
             Attr::Site(site) => (GroupKey::Site(site), it, false),

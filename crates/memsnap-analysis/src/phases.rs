@@ -181,14 +181,22 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
         optimizer_steps.push(s);
     }
 
-    // A pass is "trained" if a backward starts after it and before the next pass from the
-    // same call site.
+    // A pass is "trained" if a backward starts after it and before the next pass from the same
+    // call site. When passes from other lines run in between (an evaluation loop followed by
+    // training), the backward must also free something this pass allocated: a backward frees
+    // the activations of the graph it runs through.
     for k in 0..forwards.len() {
         let site = forwards[k].call_site;
         let end = forwards[k + 1..].iter().find(|f| f.call_site == site).map_or(n, |f| f.span.start);
         let after = forwards[k].span.start;
         let j = backwards.partition_point(|b| b.span.start < after);
-        forwards[k].trained = backwards.get(j).is_some_and(|b| b.span.start < end);
+        let Some(b) = backwards.get(j).filter(|b| b.span.start < end) else {
+            forwards[k].trained = false;
+            continue;
+        };
+        let other_between =
+            forwards[k + 1..].iter().take_while(|f| f.span.start < b.span.start).any(|f| f.call_site != site);
+        forwards[k].trained = !other_between || backward_frees_pass(events, forwards[k].span, b.span);
     }
 
     // Evaluation windows: maximal runs of untrained passes.
@@ -254,6 +262,26 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
         phases.iteration_annotation = Some(name);
     }
     phases
+}
+
+/// Does the backward pass free a block that the forward pass allocated and that was still
+/// allocated when the backward began?
+fn backward_frees_pass(events: &[TraceEvent], pass: Span, backward: Span) -> bool {
+    let mut live = std::collections::HashSet::new();
+    for i in pass.start..backward.end.min(events.len() as u32) {
+        let e = &events[i as usize];
+        match e.action {
+            Action::Alloc if pass.contains(i) => {
+                live.insert(e.addr);
+            }
+            Action::FreeRequested if i < backward.start => {
+                live.remove(&e.addr);
+            }
+            Action::FreeRequested if backward.contains(i) && live.contains(&e.addr) => return true,
+            _ => {}
+        }
+    }
+    false
 }
 
 /// The most frequent value (ties to the one seen first), ignoring `None`.

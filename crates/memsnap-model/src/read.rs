@@ -468,7 +468,7 @@ impl Builder {
         snap.source.protocol = stats.protocol;
         snap.source.producer = if stats.memoize > 0 && stats.protocol >= 4 {
             Producer::PythonPickler
-        } else if stats.protocol == 2 && stats.memoize == 0 && stats.binput > 0 {
+        } else if stats.protocol == 2 && stats.memoize == 0 && stats.binput > 0 && stats.empty_batches > 0 {
             Producer::CppPickler
         } else {
             Producer::Other

@@ -59,57 +59,57 @@ pub struct TraceFacts {
 impl Snapshot {
     /// Totals per device (sorted by device), for every device with segments or events.
     pub fn device_totals(&self) -> Vec<DeviceTotals> {
-        self.device_ids()
-            .into_iter()
-            .map(|d| {
-                let mut t = DeviceTotals { device: d, ..Default::default() };
-                for seg in self.segments.iter().filter(|s| s.device == d) {
-                    if !seg.is_expandable {
-                        t.segment_count += 1;
+        // One pass over the segments, whatever the number of devices.
+        let mut by: std::collections::BTreeMap<u32, DeviceTotals> =
+            self.device_ids().into_iter().map(|d| (d, DeviceTotals { device: d, ..Default::default() })).collect();
+        for seg in &self.segments {
+            let Some(t) = by.get_mut(&seg.device) else { continue };
+            if !seg.is_expandable {
+                t.segment_count += 1;
+            }
+            t.reserved_bytes += seg.total_size;
+            let (count, bytes) = if seg.is_private_pool() {
+                (&mut t.pools.private_segments, &mut t.pools.private_bytes)
+            } else if seg.is_expandable {
+                (&mut t.pools.expandable_segments, &mut t.pools.expandable_bytes)
+            } else if seg.segment_type == SegmentType::Small {
+                (&mut t.pools.small_segments, &mut t.pools.small_bytes)
+            } else {
+                (&mut t.pools.large_segments, &mut t.pools.large_bytes)
+            };
+            *count += 1;
+            *bytes += seg.total_size;
+            // torch counts neither expandable segments nor their free blocks as split segments.
+            let split = seg.blocks.len() > 1 && !seg.is_expandable;
+            for b in &seg.blocks {
+                t.block_count += 1;
+                match b.state {
+                    BlockState::Allocated => {
+                        t.blocks_allocated += 1;
+                        t.allocated_bytes += b.size;
+                        t.active_bytes += b.size;
+                        t.requested_bytes += b.requested_size;
                     }
-                    t.reserved_bytes += seg.total_size;
-                    let (count, bytes) = if seg.is_private_pool() {
-                        (&mut t.pools.private_segments, &mut t.pools.private_bytes)
-                    } else if seg.is_expandable {
-                        (&mut t.pools.expandable_segments, &mut t.pools.expandable_bytes)
-                    } else if seg.segment_type == SegmentType::Small {
-                        (&mut t.pools.small_segments, &mut t.pools.small_bytes)
-                    } else {
-                        (&mut t.pools.large_segments, &mut t.pools.large_bytes)
-                    };
-                    *count += 1;
-                    *bytes += seg.total_size;
-                    // torch counts neither expandable segments nor their free blocks as split segments.
-                    let split = seg.blocks.len() > 1 && !seg.is_expandable;
-                    for b in &seg.blocks {
-                        t.block_count += 1;
-                        match b.state {
-                            BlockState::Allocated => {
-                                t.blocks_allocated += 1;
-                                t.allocated_bytes += b.size;
-                                t.active_bytes += b.size;
-                                t.requested_bytes += b.requested_size;
-                            }
-                            BlockState::PendingFree => {
-                                t.blocks_pending_free += 1;
-                                t.active_bytes += b.size;
-                                t.requested_bytes += b.requested_size;
-                            }
-                            BlockState::Inactive => {
-                                t.blocks_inactive += 1;
-                                t.inactive_bytes += b.size;
-                                t.largest_free_block = t.largest_free_block.max(b.size);
-                                if split {
-                                    t.inactive_split_bytes += b.size;
-                                }
-                            }
+                    BlockState::PendingFree => {
+                        t.blocks_pending_free += 1;
+                        t.active_bytes += b.size;
+                        t.requested_bytes += b.requested_size;
+                    }
+                    BlockState::Inactive => {
+                        t.blocks_inactive += 1;
+                        t.inactive_bytes += b.size;
+                        t.largest_free_block = t.largest_free_block.max(b.size);
+                        if split {
+                            t.inactive_split_bytes += b.size;
                         }
                     }
                 }
-                t.trace_entries = self.trace(d).map_or(0, |tr| tr.events.len() as u64);
-                t
-            })
-            .collect()
+            }
+        }
+        for t in by.values_mut() {
+            t.trace_entries = self.trace(t.device).map_or(0, |tr| tr.events.len() as u64);
+        }
+        by.into_values().collect()
     }
 
     /// Trace facts per device trace present in the file.

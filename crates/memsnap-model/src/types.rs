@@ -289,7 +289,11 @@ impl Snapshot {
         ids
     }
     pub fn trace(&self, device: u32) -> Option<&DeviceTrace> {
-        self.traces.iter().find(|t| t.device == device)
+        // Traces are stored at their device index; the scan is only a fallback.
+        match self.traces.get(device as usize) {
+            Some(t) if t.device == device => Some(t),
+            _ => self.traces.iter().find(|t| t.device == device),
+        }
     }
 }
 

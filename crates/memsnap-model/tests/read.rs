@@ -223,8 +223,8 @@ fn event(action: &str, addr: i64) -> PV {
 /// annotations. `edit` changes it before it is pickled (protocol 3, by serde_pickle).
 fn small(edit: impl FnOnce(&mut BTreeMap<HV, PV>)) -> Vec<u8> {
     let PV::Dict(mut top) = dict(vec![
-        ("segments", PV::List((0..4).map(|i| segment(1 << 30 | i << 22, if i == 3 { 18 } else { 1 })).collect())),
-        ("device_traces", PV::List(vec![PV::List((0..6).map(|i| event("alloc", 1 << 30 | i * 512)).collect())])),
+        ("segments", PV::List((0..4).map(|i| segment((1 << 30) | (i << 22), if i == 3 { 18 } else { 1 })).collect())),
+        ("device_traces", PV::List(vec![PV::List((0..6).map(|i| event("alloc", (1 << 30) | (i * 512))).collect())])),
         ("allocator_settings", dict(vec![("max_split_size", int(-1)), ("PYTORCH_CUDA_ALLOC_CONF", st(""))])),
         (
             "external_annotations",
@@ -424,7 +424,7 @@ fn shared_trace_list_is_copied_within_the_budget() {
 #[test]
 fn shared_event_dicts_are_read_as_events() {
     // The same event dict twice in a trace (memo-shared, so not compacted while reading).
-    let b = b"\x80\x02}(\x8c\x0ddevice_traces]](}q\x01(\x8c\x06action\x8c\x04free\x8c\x04addrK\x07uh\x01eeu.";
+    let b = b"\x80\x02}(\x8c\x0ddevice_traces]](}q\x01(\x8c\x06action\x8c\x04free\x8c\x04addrK\x07uh\x01eau.";
     let s = read_snapshot(b).unwrap();
     let ev = &s.traces[0].events;
     assert_eq!(ev.len(), 2);

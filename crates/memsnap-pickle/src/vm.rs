@@ -58,6 +58,9 @@ pub struct Stats {
     pub memoize: u64,
     pub binput: u64,
     pub opcodes: u64,
+    /// `SETITEMS`/`APPENDS` with nothing to add (the C++ pickler writes empty containers as
+    /// `EMPTY_DICT MARK SETITEMS`; Python's pickler never does).
+    pub empty_batches: u64,
     /// Bytes after `STOP` that were ignored.
     pub trailing_bytes: usize,
 }
@@ -713,6 +716,9 @@ impl<'a> Vm<'a, '_> {
                         return Err(self.err(ErrorKind::StackUnderflow));
                     }
                     let list = self.stack[m - 1];
+                    if m == self.stack.len() {
+                        self.stats.empty_batches += 1;
+                    }
                     if op == 0x90 && !matches!(list, Value::Set(_)) {
                         return Err(self.err(ErrorKind::WrongType { expected: "set", found: list.type_name() }));
                     }
@@ -735,6 +741,9 @@ impl<'a> Vm<'a, '_> {
                         return Err(self.err(ErrorKind::StackUnderflow));
                     }
                     let dict = self.stack[m - 1];
+                    if m == self.stack.len() {
+                        self.stats.empty_batches += 1;
+                    }
                     self.set_items(dict, m)?;
                 }
                 // --- memo

@@ -145,7 +145,7 @@ struct P0 {
 impl P0 {
     fn put(&mut self) {
         let m = self.memo;
-        let _ = write!(self, "p{m}\n");
+        let _ = writeln!(self, "p{m}");
         self.memo += 1;
     }
     fn value(&mut self, v: &PV) {
@@ -154,10 +154,10 @@ impl P0 {
             PV::Bool(b) => self.out.extend_from_slice(if *b { b"I01\n" } else { b"I00\n" }),
             PV::I64(_) | PV::Int(_) => {
                 let i = int_of(v).unwrap();
-                let _ = if i32::try_from(i).is_ok() { write!(self, "I{i}\n") } else { write!(self, "L{i}L\n") };
+                let _ = if i32::try_from(i).is_ok() { writeln!(self, "I{i}") } else { writeln!(self, "L{i}L") };
             }
             PV::F64(f) => {
-                let _ = write!(self, "F{f:?}\n");
+                let _ = writeln!(self, "F{f:?}");
             }
             PV::String(s) => {
                 self.out.push(b'V');

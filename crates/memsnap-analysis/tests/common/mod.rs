@@ -168,7 +168,7 @@ impl TraceBuilder {
 
     /// Reserve a large-pool segment (`segment_alloc`); returns its address.
     pub fn segment(&mut self, bytes: u64, frames: &[Fr]) -> u64 {
-        assert!(bytes > 0 && bytes % GRANULE == 0, "segment sizes are multiples of 2 MiB, not {bytes}");
+        assert!(bytes > 0 && bytes / GRANULE * GRANULE == bytes, "segment sizes are multiples of 2 MiB, not {bytes}");
         assert_ne!(bytes, GRANULE, "a 2 MiB segment would be taken for a small-pool segment");
         let stack = self.stack(frames);
         let address = BASE + self.segs.len() as u64 * SEGMENT_STRIDE;
@@ -182,7 +182,10 @@ impl TraceBuilder {
     /// `alloc` of `bytes` (a multiple of 2 MiB) from the stack `frames` (innermost first; empty
     /// for a frameless backward allocation).
     pub fn alloc(&mut self, bytes: u64, frames: &[Fr]) -> Blk {
-        assert!(bytes > 0 && bytes % GRANULE == 0, "allocation sizes are multiples of 2 MiB, not {bytes}");
+        assert!(
+            bytes > 0 && bytes / GRANULE * GRANULE == bytes,
+            "allocation sizes are multiples of 2 MiB, not {bytes}"
+        );
         let stack = self.stack(frames);
         let found = self
             .segs
@@ -348,11 +351,11 @@ fn builder_traces_replay_exactly() {
     let e = t.alloc(2 * MIB, &[USER]);
     t.free(a, &[]);
     t.free(d, &[]); // merges with a's hole: [0, 12 MiB) is free, and [30, 64 MiB)
-    // Larger than any hole, at least 10 MiB: a segment of exactly the request.
+                    // Larger than any hole, at least 10 MiB: a segment of exactly the request.
     let f = t.alloc(40 * MIB, &[USER]);
     let g = t.alloc(34 * MIB, &[USER]); // the tail of the first segment
     let h = t.alloc(12 * MIB, &[USER]); // the merged hole
-    // Below 10 MiB and no room anywhere: a 20 MiB segment.
+                                        // Below 10 MiB and no room anywhere: a 20 MiB segment.
     let i = t.alloc(6 * MIB, &[USER]);
     assert_eq!(t.reserved, 124 * MIB);
     t.free(f, &[USER]);

@@ -140,7 +140,9 @@ impl Program {
         let mut saved = Vec::new();
         let mut fc2s = Vec::new();
         let emb = t.alloc(a, &chain(&[&emb_op, &net(40)]));
-        saved.push(emb);
+        if !nograd {
+            saved.push(emb);
+        }
         let mut x = emb;
         for _ in 0..2 {
             let ln = t.alloc(a, &chain(&[&ln_op, &blk(21)]));
@@ -183,7 +185,7 @@ impl Program {
         let saved_bytes = if nograd { 0 } else { 2 * a + 2 * (2 * a + 2 * w) };
         let fc2_bytes = fc2s.len() as u64 * a;
         let pass = Pass { saved, saved_bytes, fc2: fc2s, fc2_bytes, logits };
-        debug_assert_eq!(pass.saved.len(), if nograd { 0 } else { 10 });
+        assert_eq!(pass.saved.len(), if nograd { 0 } else { 10 });
         pass
     }
 
@@ -195,15 +197,17 @@ impl Program {
     /// `loss.backward(retain_graph=...)` at `caller`: the launch allocation under
     /// `torch/autograd` (`_make_grads`), then frameless engine allocations: gradients of the
     /// parameters that have none, gradients of activations (freed as it goes), and the saved
-    /// tensors of the pass freed unless the graph is retained. Returns the gradients it
-    /// allocated.
-    pub fn backward(&mut self, caller: &[Fr], pass: &Pass, retain_graph: bool) -> Vec<Blk> {
-        let launch = chain(&[&[(AUTOGRAD, 220, "_make_grads"), (AUTOGRAD, 347, "backward"), (TENSOR, 626, "backward")], caller]);
+    /// tensors of the passes that fed the loss, freed unless the graph is retained. Returns the
+    /// gradients it allocated.
+    pub fn backward(&mut self, caller: &[Fr], passes: &[&Pass], retain_graph: bool) -> Vec<Blk> {
+        let launch =
+            chain(&[&[(AUTOGRAD, 220, "_make_grads"), (AUTOGRAD, 347, "backward"), (TENSOR, 626, "backward")], caller]);
         let t = &mut self.t;
         let seed = t.alloc(GRANULE, &launch);
         let mut tmp = t.alloc(2 * self.act, &[]);
         t.free(seed, &[]);
-        let mut saved: Vec<Blk> = if retain_graph { Vec::new() } else { pass.saved.clone() };
+        let mut saved: Vec<Blk> =
+            if retain_graph { Vec::new() } else { passes.iter().flat_map(|p| p.saved.iter().copied()).collect() };
         let mut new_grads = Vec::new();
         for k in (0..self.params.len()).rev() {
             if self.grads[k].is_none() {
@@ -233,12 +237,19 @@ impl Program {
             for k in 0..self.params.len() {
                 let size = self.params[k].1;
                 for line in [178, 182] {
-                    let s = t.alloc(size, &chain(&[&[(ADAM, line, "_init_group"), (ADAM, 238, "step")], &step[1..], caller]));
+                    let s = t.alloc(
+                        size,
+                        &chain(&[&[(ADAM, line, "_init_group"), (ADAM, 238, "step")], &step[1..], caller]),
+                    );
                     self.state.push(s);
                 }
             }
         }
-        let multi = chain(&[&[(ADAM, 791, "_multi_tensor_adam"), (ADAM, 971, "adam"), (OPTIMIZER, 151, "maybe_fallback")], &step, caller]);
+        let multi = chain(&[
+            &[(ADAM, 791, "_multi_tensor_adam"), (ADAM, 971, "adam"), (OPTIMIZER, 151, "maybe_fallback")],
+            &step,
+            caller,
+        ]);
         let tmp = t.alloc(2 * GRANULE, &multi);
         t.free(tmp, &multi[1..]);
     }

@@ -1,0 +1,320 @@
+//! `memsnap analyze --json` on the real snapshots in `fixtures/`: the replayed peaks equal what
+//! the live process reported (`NAME.truth.json`), the replay reproduces each file's segment
+//! table, and the suspects name the planted bug at the user's line — and nothing on clean runs.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{files_in, fixture, memsnap, root};
+use serde_json::Value;
+
+/// The leak kinds: growth of live memory (as opposed to `oom` and `fragmentation`).
+const LEAK_KINDS: [&str; 4] = ["retained_graph", "no_grad_missing", "unreleased_gradient", "reference_leak"];
+
+/// `memsnap analyze PATH --json`, parsed.
+fn analyze(path: &Path) -> Value {
+    let p = path.to_str().expect("utf-8 path");
+    memsnap(&["analyze", p, "--json"]).json()
+}
+
+/// Every fixture snapshot: the dev set (xz-compressed copies), the extra single-GPU scenarios
+/// and the multi-GPU ones.
+fn all_fixtures() -> Vec<PathBuf> {
+    let mut v = files_in(&fixture("dev"), |n| n.ends_with(".pickle.xz"));
+    v.extend(files_in(&fixture("extra"), |n| n.ends_with(".pickle")));
+    v.extend(files_in(&fixture("multi"), |n| n.ends_with(".pickle")));
+    v
+}
+
+/// `s01_clean_train` for `.../s01_clean_train.pickle.xz`; `cpp_pickler.cpp` keeps its `.cpp`.
+fn stem(path: &Path) -> String {
+    let name = path.file_name().unwrap().to_str().unwrap();
+    name.trim_end_matches(".xz").trim_end_matches(".pickle").to_string()
+}
+
+/// The truth file beside a snapshot (`cpp_pickler.cpp.pickle` shares `cpp_pickler`'s).
+fn truth_of(path: &Path) -> Value {
+    let stem = stem(path);
+    let truth_stem = stem.strip_suffix(".cpp").unwrap_or(&stem);
+    let t = path.with_file_name(format!("{truth_stem}.truth.json"));
+    serde_json::from_slice(&std::fs::read(&t).unwrap_or_else(|e| panic!("{}: {e}", t.display()))).unwrap()
+}
+
+/// The fixture whose name starts with `prefix` (e.g. `s03`, `x02`, `m02_ddp_rank1`).
+fn find(prefix: &str) -> PathBuf {
+    let hits: Vec<PathBuf> = all_fixtures().into_iter().filter(|p| stem(p).starts_with(prefix)).collect();
+    assert_eq!(hits.len(), 1, "one fixture named {prefix}*: {hits:?}");
+    hits.into_iter().next().unwrap()
+}
+
+/// Truth counters of `device`: `at_dump_per_device[device]` where the file has it, else the
+/// top-level `at_dump` (single-device files).
+fn truth_for_device<'a>(truth: &'a Value, device: u64, devices_in_output: usize) -> &'a Value {
+    match truth.get("at_dump_per_device") {
+        Some(per) => per.get(device.to_string()).unwrap_or_else(|| panic!("no truth for device {device}")),
+        None => {
+            assert_eq!(devices_in_output, 1, "a truth file without at_dump_per_device is for one device");
+            &truth["at_dump"]
+        }
+    }
+}
+
+fn check_peaks(path: &Path, out: &Value, truth: &Value, failures: &mut Vec<String>) {
+    let devices = out["devices"].as_array().expect("devices");
+    assert!(!devices.is_empty(), "{}: no devices", path.display());
+    if let Some(listed) = truth.get("devices").and_then(Value::as_array) {
+        let got: Vec<u64> = devices.iter().map(|d| d["device"].as_u64().unwrap()).collect();
+        let want: Vec<u64> = listed.iter().map(|d| d.as_u64().unwrap()).collect();
+        if got != want {
+            failures.push(format!("{}: devices {got:?}, truth {want:?}", path.display()));
+        }
+    }
+    for d in devices {
+        let dev = d["device"].as_u64().unwrap();
+        let t = truth_for_device(truth, dev, devices.len());
+        let row = |k: &str, tk: &str| (d[k].as_u64(), t[tk].as_u64());
+        for (k, tk) in [("peak_allocated_bytes", "max_allocated"), ("peak_reserved_bytes", "max_reserved")] {
+            let (got, want) = row(k, tk);
+            if got.is_none() || got != want {
+                failures.push(format!("{} device {dev}: {k} {got:?}, truth {tk} {want:?}", path.display()));
+            }
+        }
+        if d["replay_matches_snapshot"] != Value::Bool(true) {
+            failures.push(format!(
+                "{} device {dev}: replay_matches_snapshot {} ({} mismatches)",
+                path.display(),
+                d["replay_matches_snapshot"],
+                d["replay_mismatches"]
+            ));
+        }
+    }
+}
+
+fn suspects(out: &Value) -> &Vec<Value> {
+    out["suspects"].as_array().expect("suspects")
+}
+
+fn describe(out: &Value) -> String {
+    suspects(out)
+        .iter()
+        .map(|s| {
+            format!(
+                "\n  {} device {} at {}:{} bytes={} growth={}",
+                s["kind"].as_str().unwrap_or("?"),
+                s["device"],
+                s["site"]["filename"].as_str().unwrap_or("-"),
+                s["site"]["line"],
+                s["bytes"],
+                s["growth_bytes_per_iteration"]
+            )
+        })
+        .collect()
+}
+
+/// Whether a suspect's site is `file` (a file name or the tail of a path) at `line`.
+fn at(s: &Value, file: &str, line: u64) -> bool {
+    let f = s["site"]["filename"].as_str().unwrap_or("");
+    (f == file || f.ends_with(&format!("/{file}"))) && s["site"]["line"].as_u64() == Some(line)
+}
+
+/// The suspects of `kind`.
+fn of_kind<'a>(out: &'a Value, kind: &str) -> Vec<&'a Value> {
+    suspects(out).iter().filter(|s| s["kind"] == kind).collect()
+}
+
+/// Analyse the fixture `prefix` and require a `kind` suspect at `file:line`; returns the output.
+fn expect_suspect(prefix: &str, kind: &str, file: &str, line: u64) -> Value {
+    let out = analyze(&find(prefix));
+    assert!(
+        of_kind(&out, kind).iter().any(|s| at(s, file, line)),
+        "{prefix}: expected {kind} at {file}:{line}, got:{}",
+        describe(&out)
+    );
+    out
+}
+
+fn assert_no_leaks(name: &str, out: &Value) {
+    let leaks: Vec<&Value> =
+        suspects(out).iter().filter(|s| LEAK_KINDS.contains(&s["kind"].as_str().unwrap_or(""))).collect();
+    assert!(leaks.is_empty(), "{name}: no leak suspects expected, got:{}", describe(out));
+}
+
+// ------------------------------------------------------------------------------------------
+// Peaks and the self-check
+
+/// For every fixture and every device: replayed peak allocated / reserved equal
+/// `max_memory_allocated()` / `max_memory_reserved()` of the live process, and the replay
+/// reproduces the dump-time segment table.
+#[test]
+fn every_fixture_peaks_equal_truth_and_replay_matches() {
+    let files = all_fixtures();
+    assert!(files.len() >= 26, "fixtures missing: {files:?}");
+    let mut failures = Vec::new();
+    for path in &files {
+        let out = analyze(path);
+        check_peaks(path, &out, &truth_of(path), &mut failures);
+    }
+    assert!(failures.is_empty(), "{} of {} files differ:\n{}", failures.len(), files.len(), failures.join("\n"));
+}
+
+/// Snapshots in the shared dev set that have no copy in `fixtures/dev` (all of them do today,
+/// including s09, s11 and s16, so this usually checks nothing).
+#[test]
+fn shared_dev_snapshots_not_in_fixtures_peaks_equal_truth() {
+    let dir = root().join("../shared/snapshots/dev");
+    if !dir.is_dir() {
+        eprintln!("skipped: {} is absent", dir.display());
+        return;
+    }
+    let copied: Vec<String> =
+        files_in(&fixture("dev"), |n| n.ends_with(".pickle.xz")).iter().map(|p| stem(p)).collect();
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for path in files_in(&dir, |n| n.ends_with(".pickle")) {
+        if copied.contains(&stem(&path)) {
+            continue;
+        }
+        checked += 1;
+        let out = analyze(&path);
+        check_peaks(&path, &out, &truth_of(&path), &mut failures);
+    }
+    eprintln!("{checked} shared dev snapshots without a fixture copy checked");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+// ------------------------------------------------------------------------------------------
+// Suspects on the dev set
+
+#[test]
+fn s02_no_grad_missing_at_the_validation_forward_line() {
+    expect_suspect("s02", "no_grad_missing", "s02_val_no_grad_missing.py", 20);
+}
+
+#[test]
+fn s03_retained_graph_at_the_forward_line_ranked_first() {
+    let out = expect_suspect("s03", "retained_graph", "s03_loss_history_leak.py", 17);
+    let first = &suspects(&out)[0];
+    assert!(
+        first["kind"] == "retained_graph" && at(first, "s03_loss_history_leak.py", 17),
+        "s03: retained_graph at line 17 must be ranked first, got:{}",
+        describe(&out)
+    );
+    assert!(first["growth_bytes_per_iteration"].as_u64().is_some_and(|g| g > 0), "{}", describe(&out));
+}
+
+#[test]
+fn s04_unreleased_gradient_at_the_backward_line() {
+    expect_suspect("s04", "unreleased_gradient", "s04_grad_kept.py", 19);
+}
+
+#[test]
+fn s05_unreleased_gradient_during_evaluation() {
+    expect_suspect("s05", "unreleased_gradient", "s05_grads_during_eval.py", 18);
+}
+
+#[test]
+fn s06_reference_leak_at_the_line_whose_output_the_hook_keeps() {
+    expect_suspect("s06", "reference_leak", "common.py", 31);
+}
+
+#[test]
+fn s07_fragmentation_and_no_leak() {
+    let out = analyze(&find("s07"));
+    assert!(!of_kind(&out, "fragmentation").is_empty(), "s07: expected fragmentation, got:{}", describe(&out));
+    assert_no_leaks("s07", &out);
+}
+
+#[test]
+fn s08_oom_at_the_user_line() {
+    let out = expect_suspect("s08", "oom", "s08_oom.py", 20);
+    assert_eq!(suspects(&out)[0]["kind"], "oom", "an OOM is ranked first:{}", describe(&out));
+}
+
+/// Clean runs (and runs whose only issue is not a leak) have no leak suspects.
+#[test]
+fn clean_runs_have_no_leak_suspects() {
+    let clean = [
+        "s01_clean_train",
+        "s10_streams",
+        "s12_cuda_graph",
+        "s13_compile",
+        "s15_annotations",
+        "cpp_pickler.cpp",
+        "cpp_pickler",
+        "x05_clean_lm_stacks_all",
+        "m01_two_gpu_pipeline",
+        "m02_ddp_rank0",
+    ];
+    let mut failures = Vec::new();
+    for name in clean {
+        let path = all_fixtures().into_iter().find(|p| stem(p) == name).unwrap_or_else(|| panic!("no fixture {name}"));
+        let out = analyze(&path);
+        let leaks: Vec<&Value> =
+            suspects(&out).iter().filter(|s| LEAK_KINDS.contains(&s["kind"].as_str().unwrap_or(""))).collect();
+        if !leaks.is_empty() {
+            failures.push(format!("{name}:{}", describe(&out)));
+        }
+    }
+    assert!(failures.is_empty(), "leak suspects on clean runs:\n{}", failures.join("\n"));
+}
+
+// ------------------------------------------------------------------------------------------
+// Suspects on the extra and multi-GPU scenarios
+
+#[test]
+fn x02_no_grad_missing_in_the_cnn_eval_loop() {
+    expect_suspect("x02", "no_grad_missing", "x02_cnn_eval_no_grad_missing.py", 22);
+}
+
+#[test]
+fn x03_reference_leak_in_the_inference_cache() {
+    expect_suspect("x03", "reference_leak", "x03_inference_cache_leak.py", 25);
+}
+
+#[test]
+fn x06_oom() {
+    let out = analyze(&find("x06"));
+    assert!(!of_kind(&out, "oom").is_empty(), "x06: expected oom, got:{}", describe(&out));
+}
+
+#[test]
+fn m02_rank1_retained_graph_on_device_1() {
+    let out = analyze(&find("m02_ddp_rank1"));
+    let rg = of_kind(&out, "retained_graph");
+    assert!(
+        rg.iter().any(|s| s["device"] == 1),
+        "m02 rank 1: expected retained_graph on device 1, got:{}",
+        describe(&out)
+    );
+    assert!(suspects(&out).iter().all(|s| s["device"] == 1), "rank 1's file has device 1 only:{}", describe(&out));
+}
+
+// ------------------------------------------------------------------------------------------
+// The bench file: a 512-byte loss kept per step among a million events
+
+#[test]
+fn huge_bench_file_finds_the_512_byte_loss_kept_per_step() {
+    let path = root().join("../shared/bench/huge_python_stacks.pickle.xz");
+    if !path.is_file() {
+        eprintln!("skipped: {} is absent", path.display());
+        return;
+    }
+    if cfg!(debug_assertions) {
+        eprintln!("skipped in a debug build (about 1.5 s in release): run with --release");
+        return;
+    }
+    let out = analyze(&path);
+    let truth: Value =
+        serde_json::from_slice(&std::fs::read(root().join("../shared/bench/huge_python_stacks.truth.json")).unwrap())
+            .unwrap();
+    let mut failures = Vec::new();
+    check_peaks(&path, &out, &truth, &mut failures);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    let leak = of_kind(&out, "reference_leak");
+    assert!(
+        leak.iter().any(|s| at(s, "common.py", 126) && s["growth_bytes_per_iteration"].as_u64() == Some(512)),
+        "expected reference_leak of 512 B per iteration at common.py:126, got:{}",
+        describe(&out)
+    );
+}
