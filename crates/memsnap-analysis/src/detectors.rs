@@ -517,7 +517,9 @@ fn grads_through_eval(
         .collect();
     // The evaluation window (among the first 64) where the most backward-allocated bytes were
     // still allocated when it began.
-    let mut best: Option<(u64, u64, usize, BTreeMap<Option<FrameId>, u64>)> = None;
+    // (bytes, blocks, window index, bytes per backward line)
+    type Best = (u64, u64, usize, BTreeMap<Option<FrameId>, u64>);
+    let mut best: Option<Best> = None;
     for (wi, w) in phases.eval_windows.iter().enumerate().take(64) {
         if !phases.backwards.iter().any(|b| b.span.end <= w.start) {
             continue;

@@ -421,7 +421,7 @@ impl<'a> Vm<'a, '_> {
             Value::Dict(id) => id,
             other => return Err(self.err(ErrorKind::WrongType { expected: "dict", found: other.type_name() })),
         };
-        if (self.stack.len() - from) % 2 != 0 {
+        if !(self.stack.len() - from).is_multiple_of(2) {
             return Err(self.err(ErrorKind::OddSetItems));
         }
         let items = &mut self.heap.dicts[id as usize];
