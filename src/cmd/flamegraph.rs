@@ -1,13 +1,137 @@
-//! `memsnap flamegraph` (being written).
+//! `memsnap flamegraph FILE [--at peak|end|TIME_US|event:N] [--folded] [-o OUT]`: live memory
+//! by stack at one moment, as folded stacks (the `flamegraph.pl`/inferno/speedscope format,
+//! bytes as counts) or as an SVG icicle chart with the user's frames highlighted.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+
+use memsnap_analysis::{find_phases, moment, LiveBlock};
+use memsnap_replay::event_at_time;
+use memsnap_report::text::{fmt_bytes, fmt_count};
+use memsnap_report::{flamegraph_svg, folded_text, live_folded, FlameOptions};
+
+use crate::cmd::analyze::analyze_file;
+use crate::cmd::report::write_output;
+use crate::cmd::summary::file_name;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Snapshot file (`-` for stdin).
-    pub file: std::path::PathBuf,
+    /// Snapshot file (`-` for stdin); gzip, zstd and xz are detected by content.
+    pub file: PathBuf,
+    /// The moment: `peak` (of allocated bytes), `end` (after the last event), a trace time in
+    /// microseconds (`time_us`, as `analyze` prints it), or `event:N` (after event N).
+    #[arg(long, default_value = "peak")]
+    pub at: String,
+    /// Write folded stacks (`outer;…;inner BYTES` lines) instead of an SVG. Also chosen by an
+    /// output name ending in `.folded` or `.txt`.
+    #[arg(long)]
+    pub folded: bool,
+    /// Only this device (default: every device; with several, each stack starts with
+    /// `[cuda:N]`).
+    #[arg(long)]
+    pub device: Option<u32>,
+    /// Output file (default: stdout).
+    #[arg(short, long, default_value = "-")]
+    pub output: PathBuf,
+    /// Width of the SVG in pixels.
+    #[arg(long, default_value_t = 1200)]
+    pub width: u32,
 }
 
-pub fn run(_args: &Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`flamegraph` is not available in this build yet")
+enum At {
+    Peak,
+    End,
+    Time(i64),
+    Event(u32),
+}
+
+fn parse_at(s: &str) -> anyhow::Result<At> {
+    match s {
+        "peak" => Ok(At::Peak),
+        "end" => Ok(At::End),
+        _ => {
+            if let Some(n) = s.strip_prefix("event:") {
+                return n.parse().map(At::Event).map_err(|_| anyhow::anyhow!("--at {s}: expected event:N with N an event index"));
+            }
+            s.parse().map(At::Time).map_err(|_| anyhow::anyhow!("--at {s}: expected peak, end, a time in microseconds, or event:N"))
+        }
+    }
+}
+
+pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    let at = parse_at(&args.at)?;
+    let by_name = args.output.extension().and_then(|e| e.to_str()).is_some_and(|e| e == "folded" || e == "txt");
+    let folded_out = args.folded || by_name;
+    let a = analyze_file(&args.file)?;
+    let snap = &a.loaded.snapshot;
+    let stacks = &a.analysis.stacks;
+
+    let devices: Vec<_> = a.analysis.devices.iter().filter(|d| args.device.is_none_or(|x| x == d.device)).collect();
+    if devices.is_empty() {
+        match args.device {
+            Some(d) => anyhow::bail!("{}: no device {d} in this snapshot", args.file.display()),
+            None => anyhow::bail!("{}: the snapshot holds no device", args.file.display()),
+        }
+    }
+    let multi = devices.len() > 1;
+    let mut folded: Vec<(String, u64)> = Vec::new();
+    let mut total = 0u64;
+    let mut blocks_n = 0usize;
+    let mut whens = Vec::new();
+    for da in &devices {
+        let Some(d) = a.replay.device(da.device) else { continue };
+        let events = snap.trace(da.device).map_or(&[][..], |t| &t.events[..]);
+        let (blocks, when): (Vec<LiveBlock>, String) = match at {
+            At::Peak => (da.peak_blocks.clone(), "at the peak".into()),
+            At::End => (da.end_blocks.clone(), "at the end of the trace".into()),
+            At::Time(_) | At::Event(_) => {
+                let idx = match at {
+                    At::Time(t) => event_at_time(events, t),
+                    At::Event(i) => {
+                        if events.is_empty() {
+                            None
+                        } else {
+                            Some((i as usize).min(events.len() - 1))
+                        }
+                    }
+                    _ => unreachable!(),
+                };
+                let annotations: Vec<_> = snap.annotations.iter().filter(|x| x.device == da.device).cloned().collect();
+                let phases = find_phases(events, stacks, &annotations);
+                let (_, blocks) = moment(snap, stacks, &phases, d, idx.map(|i| i as u32));
+                let when = match idx {
+                    Some(i) => format!("after event {}", fmt_count(i as u64)),
+                    None => "before the first event".into(),
+                };
+                (blocks, when)
+            }
+        };
+        total += blocks.iter().map(|b| b.size).sum::<u64>();
+        blocks_n += blocks.len();
+        whens.push(if multi { format!("device {} {when}", da.device) } else { when });
+        for (path, bytes) in live_folded(snap, stacks, &blocks, !folded_out) {
+            let path = if multi { format!("[cuda:{}];{path}", da.device) } else { path };
+            folded.push((path, bytes));
+        }
+    }
+    folded.sort();
+
+    let text = if folded_out {
+        folded_text(&folded)
+    } else {
+        let name = file_name(&a.loaded.path);
+        let dev = if multi { "all devices".to_string() } else { format!("device {}", devices[0].device) };
+        flamegraph_svg(
+            &folded,
+            &FlameOptions {
+                width: args.width as f64,
+                title: format!("Live memory by stack: {name}, {dev}"),
+                subtitle: format!("{} in {} blocks {}", fmt_bytes(total), fmt_count(blocks_n as u64), whens.join("; ")),
+                root_label: "all allocated memory".into(),
+                ..FlameOptions::default()
+            },
+        )
+    };
+    write_output(&args.output, &text)?;
+    Ok(ExitCode::SUCCESS)
 }

@@ -161,6 +161,11 @@ struct Placed {
 
 /// Render folded stacks as an icicle SVG (a complete `<svg>` element with `xmlns`).
 pub fn flamegraph_svg(folded: &[(String, u64)], opts: &FlameOptions) -> String {
+    render(folded, opts).0
+}
+
+/// The SVG and its height.
+pub(crate) fn render(folded: &[(String, u64)], opts: &FlameOptions) -> (String, f64) {
     let tree = Tree::build(folded);
     let total = tree.nodes[0].bytes;
     let pad = 10.0;
@@ -185,13 +190,12 @@ pub fn flamegraph_svg(folded: &[(String, u64)], opts: &FlameOptions) -> String {
     }
     let max_depth = placed.iter().map(|p| p.depth).max().unwrap_or(0);
 
+    let subtitle = if opts.subtitle.is_empty() { Vec::new() } else { crate::text::wrap(&opts.subtitle, opts.width - 2.0 * pad, 12.0) };
     let mut head = 0.0;
     if !opts.title.is_empty() {
         head += 24.0;
     }
-    if !opts.subtitle.is_empty() {
-        head += 18.0;
-    }
+    head += 18.0 * subtitle.len() as f64;
     let legend_h = 22.0;
     let top = head + legend_h;
     let height = top + (max_depth + 1) as f64 * opts.frame_height + pad;
@@ -210,9 +214,9 @@ pub fn flamegraph_svg(folded: &[(String, u64)], opts: &FlameOptions) -> String {
         let _ = writeln!(s, r##"<text x="{pad}" y="{}" font-size="15" font-weight="600" fill="#1a1a1a">{}</text>"##, num(y), escape(&opts.title));
         y += 6.0;
     }
-    if !opts.subtitle.is_empty() {
+    for line in &subtitle {
         y += 14.0;
-        let _ = writeln!(s, r##"<text x="{pad}" y="{}" font-size="12" fill="#444444">{}</text>"##, num(y), escape(&opts.subtitle));
+        let _ = writeln!(s, r##"<text x="{pad}" y="{}" font-size="12" fill="#444444">{}</text>"##, num(y), escape(line));
         y += 4.0;
     }
     // Legend.
@@ -271,7 +275,9 @@ pub fn flamegraph_svg(folded: &[(String, u64)], opts: &FlameOptions) -> String {
             num(opts.frame_height - 1.0),
             fill
         );
-        let text = fit(&label, p.w - 6.0, opts.font_size);
+        // Bold text is wider than the estimate assumes.
+        let size = if class == FrameClass::User { opts.font_size * 1.1 } else { opts.font_size };
+        let text = fit(&label, p.w - 6.0, size);
         if !text.is_empty() {
             let weight = if class == FrameClass::User { r#" font-weight="600""# } else { "" };
             let _ = write!(
@@ -286,7 +292,7 @@ pub fn flamegraph_svg(folded: &[(String, u64)], opts: &FlameOptions) -> String {
         s.push_str("</g>\n");
     }
     s.push_str("</svg>\n");
-    s
+    (s, height)
 }
 
 fn frame_color_root() -> String {

@@ -1,10 +1,12 @@
 //! The segment map at one moment: each segment a bar, its blocks coloured by state, so memory
 //! that is reserved but split into unusable holes (fragmentation) is visible.
 //!
-//! Segments are listed largest first and capped (`max_segments`); bar length is proportional to
-//! segment size, with a floor so that small segments stay legible. Inside a bar, consecutive
-//! blocks of one state are drawn as one run; when a segment has more runs than the bar has room
-//! for, runs are merged into fixed-width cells coloured by the state that holds most bytes in
+//! Segments are listed largest first (then most free first) and capped (`max_segments`); bar
+//! length is proportional to segment size, with a floor so that small segments stay legible.
+//! Segments with exactly the same layout (size and blocks) share one row marked `×N`, so a
+//! hundred identical 2 MiB segments do not push everything else off the page. Inside a bar each
+//! block is drawn with its own hover text; when a segment has more blocks than the bar has room
+//! for, they are merged into fixed-width cells coloured by the state that holds most bytes in
 //! each, which bounds the output on huge dumps.
 
 use std::fmt::Write as _;
@@ -38,6 +40,8 @@ pub struct SegmentRow {
     pub title: String,
     pub size: u64,
     pub runs: Vec<Run>,
+    /// Segments drawn by this row (identical layouts share a row).
+    pub count: usize,
 }
 
 #[derive(Clone, Debug)]
@@ -108,6 +112,7 @@ pub fn build(
         out.free_blocks += st.free_blocks;
     }
     let largest = order.first().map_or(1, |s| s.total_size.max(1));
+    let mut built: Vec<(SegmentRow, u64, u64)> = Vec::new();
     for s in order.iter().take(max_segments) {
         let st = s.stats();
         let px = bar_len(s.total_size, largest, bar_px);
@@ -126,60 +131,68 @@ pub fn build(
             st.fragmentation
         );
         let label = format!("{} · {}% free", fmt_bytes(s.total_size), pct(st.free_bytes, s.total_size));
-        // Runs of one state.
-        let mut runs: Vec<Run> = Vec::new();
-        for b in &s.blocks {
-            let offset = b.address.saturating_sub(s.address);
-            match runs.last_mut() {
-                Some(r) if r.state == b.state && b.state != BlockState::Inactive => {
-                    r.bytes += b.size;
-                    r.title.clear();
-                }
-                _ => runs.push(Run { state: b.state, offset, bytes: b.size, title: String::new() }),
-            }
-        }
-        // Titles: one block → its size and site; several → their count.
-        let mut k = 0;
-        for r in &mut runs {
-            let mut count = 0;
-            let mut first = None;
-            while k < s.blocks.len() && s.blocks[k].address.saturating_sub(s.address) < r.offset + r.bytes {
-                if first.is_none() {
-                    first = Some(&s.blocks[k]);
-                }
-                count += 1;
-                k += 1;
-            }
-            r.title = match (r.state, count, first) {
-                (BlockState::Inactive, _, _) => format!("free (cached): {}", fmt_bytes(r.bytes)),
-                (state, 1, Some(b)) => {
-                    let who = b
-                        .lifetime
-                        .and_then(|i| d.blocks.get(i))
-                        .map(|bl| attr_label(snap, attribute(events, phases, stacks, bl).0))
-                        .unwrap_or_default();
-                    format!(
-                        "{}: {} (requested {})\n{who}",
-                        if state == BlockState::Allocated { "allocated" } else { "pending free (freed, still used by another stream)" },
-                        fmt_bytes(b.size),
-                        fmt_bytes(b.requested_size)
-                    )
-                }
-                (state, n, _) => format!(
-                    "{} {} blocks: {}",
-                    fmt_count(n as u64),
-                    if state == BlockState::Allocated { "allocated" } else { "pending-free" },
-                    fmt_bytes(r.bytes)
-                ),
-            };
-        }
+        let mut runs: Vec<Run> = s
+            .blocks
+            .iter()
+            .map(|b| Run { state: b.state, offset: b.address.saturating_sub(s.address), bytes: b.size, title: String::new() })
+            .collect();
         let cells = (px / CELL).floor().max(1.0) as usize;
         if runs.len() > cells {
             runs = merge_into_cells(&runs, s.total_size, cells);
+        } else {
+            for (r, b) in runs.iter_mut().zip(&s.blocks) {
+                r.title = match b.state {
+                    BlockState::Inactive => format!("free (cached): {}", fmt_bytes(b.size)),
+                    state => {
+                        let who = b
+                            .lifetime
+                            .and_then(|i| d.blocks.get(i))
+                            .map(|bl| attr_label(snap, attribute(events, phases, stacks, bl).0))
+                            .unwrap_or_default();
+                        format!(
+                            "{}: {} (requested {})\n{who}",
+                            if state == BlockState::Allocated { "allocated" } else { "pending free (freed, still used by another stream)" },
+                            fmt_bytes(b.size),
+                            fmt_bytes(b.requested_size)
+                        )
+                    }
+                };
+            }
         }
-        out.rows.push(SegmentRow { label, title, size: s.total_size, runs });
+        built.push((SegmentRow { label, title, size: s.total_size, runs, count: 1 }, st.free_bytes, s.address));
+    }
+    // Largest first, then most free, then by layout so identical segments are neighbours.
+    built.sort_by(|a, b| {
+        b.0.size
+            .cmp(&a.0.size)
+            .then(b.1.cmp(&a.1))
+            .then_with(|| layout_key(&a.0).cmp(&layout_key(&b.0)))
+            .then(a.2.cmp(&b.2))
+    });
+    for (row, _, address) in built {
+        match out.rows.last_mut() {
+            Some(last) if last.size == row.size && layout_key(last) == layout_key(&row) => {
+                last.count += 1;
+                if last.count <= 8 {
+                    let _ = write!(last.title, "\nsame layout: segment {address:#x}");
+                } else if last.count == 9 {
+                    last.title.push_str("\n…");
+                }
+            }
+            _ => out.rows.push(row),
+        }
+    }
+    for row in &mut out.rows {
+        if row.count > 1 {
+            let _ = write!(row.label, " ×{}", row.count);
+            row.title = format!("{} segments with the same layout; the first:\n{}", row.count, row.title);
+        }
     }
     out
+}
+
+fn layout_key(r: &SegmentRow) -> Vec<(usize, u64, u64)> {
+    r.runs.iter().map(|x| (state_index(x.state), x.offset, x.bytes)).collect()
 }
 
 /// Bar length: proportional to size, but never under 12% of the longest (or 36 px).
@@ -242,10 +255,17 @@ pub fn color(s: BlockState) -> &'static str {
     }
 }
 
+const LABEL_W: f64 = 178.0;
+
+/// Width of the longest bar in a map `width` pixels wide.
+pub fn bar_width(width: f64) -> f64 {
+    width - LABEL_W - 20.0
+}
+
 /// Draw the map as a complete `<svg>` of the given width.
 pub fn render(m: &SegmentMap, width: f64) -> String {
-    let label_w = 150.0;
-    let bar_px = width - label_w - 20.0;
+    let label_w = LABEL_W;
+    let bar_px = bar_width(width);
     let row_h = 13.0;
     let head = 64.0;
     let foot = if m.hidden > 0 { 22.0 } else { 6.0 };
@@ -268,7 +288,7 @@ pub fn render(m: &SegmentMap, width: f64) -> String {
         m.device
     );
     let summary = format!(
-        "{} segments, {} reserved: {} allocated, {} pending free, {} free in {} blocks. Largest segments first; bar length ∝ size.",
+        "{} segments, {} reserved: {} allocated, {} pending free, {} free in {} blocks. Largest first; bar length ∝ size; ×N: N segments with the same layout.",
         m.total_segments,
         fmt_bytes(m.reserved),
         fmt_bytes(m.allocated),
@@ -305,9 +325,11 @@ pub fn render(m: &SegmentMap, width: f64) -> String {
         for run in r.runs.iter().filter(|run| run.state != BlockState::Inactive) {
             let rx = label_w + 8.0 + px * run.offset as f64 / r.size.max(1) as f64;
             let rw = (px * run.bytes as f64 / r.size.max(1) as f64).max(0.6);
+            // A thin white edge shows where one block ends and the next begins.
+            let edge = if rw >= 4.0 { r##" stroke="#ffffff" stroke-width="0.7""## } else { "" };
             let _ = write!(
                 s,
-                r#"<rect x="{}" y="{}" width="{}" height="{}" fill="{}"><title>{}</title></rect>"#,
+                r#"<rect x="{}" y="{}" width="{}" height="{}" fill="{}"{edge}><title>{}</title></rect>"#,
                 num(rx),
                 num(y + 0.5),
                 num(rw),

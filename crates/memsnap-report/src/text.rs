@@ -44,11 +44,12 @@ pub fn fmt_bytes(b: u64) -> String {
 pub fn fmt_count(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::with_capacity(s.len() + s.len() / 3);
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
+    // Digits before the first comma: 1–3.
+    let head = (s.len() - 1) % 3 + 1;
+    out.push_str(&s[..head]);
+    for group in s.as_bytes()[head..].chunks(3) {
+        out.push(',');
+        out.push_str(std::str::from_utf8(group).unwrap_or(""));
     }
     out
 }
@@ -103,22 +104,31 @@ pub fn hsl(h: f64, s: f64, l: f64) -> String {
 }
 
 /// Estimated width in pixels of `s` in a sans-serif font of `size` px. SVG text cannot be
-/// measured without a renderer, so this errs on the wide side: text laid out with it may end
-/// a little early, but does not overflow.
+/// measured without a renderer, so the widths are DejaVu Sans's (what Linux browsers fall back
+/// to, and wider than Helvetica, Segoe UI or Roboto): text laid out with them may end a little
+/// early elsewhere, but does not overflow.
 pub fn text_width(s: &str, size: f64) -> f64 {
     s.chars().map(|c| char_em(c) * size).sum()
 }
 
+/// Advance widths of printable ASCII (from `' '` to `'~'`) in DejaVu Sans, in em.
+const ASCII_EM: [f32; 95] = [
+    0.3185, 0.401, 0.460, 0.838, 0.636, 0.950, 0.780, 0.275, 0.390, 0.390, 0.500, 0.838, 0.3185, 0.361, 0.3185, 0.337, // ␠!"#$%&'()*+,-./
+    0.636, 0.636, 0.636, 0.636, 0.636, 0.636, 0.636, 0.636, 0.636, 0.636, 0.337, 0.337, 0.838, 0.838, 0.838, 0.531, // 0-9:;<=>?
+    1.000, 0.709, 0.686, 0.698, 0.770, 0.632, 0.575, 0.775, 0.752, 0.295, 0.295, 0.656, 0.557, 0.863, 0.748, 0.787, // @A-O
+    0.603, 0.787, 0.695, 0.635, 0.611, 0.732, 0.684, 0.989, 0.685, 0.611, 0.685, 0.390, 0.337, 0.390, 0.838, 0.500, // P-Z[\]^_
+    0.500, 0.613, 0.635, 0.550, 0.635, 0.615, 0.352, 0.635, 0.634, 0.278, 0.278, 0.579, 0.278, 0.974, 0.634, 0.612, // `a-o
+    0.635, 0.635, 0.411, 0.521, 0.392, 0.634, 0.592, 0.818, 0.592, 0.592, 0.525, 0.636, 0.337, 0.636, 0.838, // p-z{|}~
+];
+
 fn char_em(c: char) -> f64 {
     match c {
-        'i' | 'l' | 'j' | '.' | ',' | ':' | ';' | '\'' | '|' | '!' | 'I' | ' ' | '(' | ')' | '[' | ']' | 'f' | 't' | 'r' => 0.36,
-        'm' | 'w' | 'M' | 'W' | '@' | '%' => 0.9,
-        'A'..='Z' => 0.7,
-        '0'..='9' => 0.58,
-        c if c.is_ascii() => 0.56,
+        ' '..='~' => ASCII_EM[c as usize - 0x20] as f64,
+        '·' => 0.3185,
+        '…' | '—' | '×' | '∝' | '−' => 1.0,
         // CJK and other wide characters.
         c if (c as u32) >= 0x1100 => 1.0,
-        _ => 0.6,
+        _ => 0.7,
     }
 }
 
@@ -145,20 +155,42 @@ pub fn fit(s: &str, px: f64, size: f64) -> String {
     out
 }
 
+/// `s` cut to fit `px` in a monospace font of `size` px (DejaVu Sans Mono: 0.602 em a character).
+pub fn fit_mono(s: &str, px: f64, size: f64) -> String {
+    let max = (px / (0.61 * size)).floor().max(0.0) as usize;
+    let n = s.chars().count();
+    if n <= max {
+        return s.to_string();
+    }
+    if max < 2 {
+        return String::new();
+    }
+    let mut out: String = s.chars().take(max - 1).collect();
+    out.push('…');
+    out
+}
+
 /// Greedy word wrap to lines no wider than `px` (a word longer than a line is cut with `fit`).
 pub fn wrap(s: &str, px: f64, size: f64) -> Vec<String> {
-    let mut lines = Vec::new();
+    wrap_with(s, px, px, size)
+}
+
+/// Word wrap where the first line is `first_px` wide and the others `px`.
+pub fn wrap_with(s: &str, first_px: f64, px: f64, size: f64) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    let width = |lines: &Vec<String>| if lines.is_empty() { first_px } else { px };
     for para in s.split('\n') {
         let mut line = String::new();
         for word in para.split(' ').filter(|w| !w.is_empty()) {
             let candidate = if line.is_empty() { word.to_string() } else { format!("{line} {word}") };
-            if text_width(&candidate, size) <= px {
+            if text_width(&candidate, size) <= width(&lines) {
                 line = candidate;
             } else {
                 if !line.is_empty() {
                     lines.push(std::mem::take(&mut line));
                 }
-                line = if text_width(word, size) <= px { word.to_string() } else { fit(word, px, size) };
+                let w = width(&lines);
+                line = if text_width(word, size) <= w { word.to_string() } else { fit(word, w, size) };
             }
         }
         lines.push(line);

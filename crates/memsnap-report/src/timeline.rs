@@ -21,16 +21,22 @@ use crate::text::{escape, fmt_bytes, fmt_count, fmt_seconds, num, text_width};
 pub const SITE_COLORS: [&str; 6] = ["#9ecae1", "#fdd49e", "#a1d99b", "#fcbba1", "#c6b8e6", "#f7e08b"];
 pub const OTHER_COLOR: &str = "#e2e2e2";
 const ALLOCATED: RGBColor = RGBColor(0x1d, 0x35, 0x57);
+const ALLOCATED_MIN: RGBColor = RGBColor(0x5c, 0x7c, 0xb8);
 const RESERVED: RGBColor = RGBColor(0x80, 0x80, 0x80);
 const ACTIVE: RGBColor = RGBColor(0x2a, 0x9d, 0x8f);
 const BAND: RGBColor = RGBColor(0xee, 0xf0, 0xf5);
-const EVAL: RGBColor = RGBColor(0xfd, 0xe7, 0xc2);
+const EVAL: RGBColor = RGBColor(0xfd, 0xf3, 0xe3);
+const EVAL_STRIP: RGBColor = RGBColor(0xf4, 0xa2, 0x59);
+const FLOOR: RGBColor = RGBColor(0x3a, 0x3a, 0x3a);
 const OOM: RGBColor = RGBColor(0xd6, 0x28, 0x28);
 const PEAK: RGBColor = RGBColor(0xc0, 0x1b, 0x1b);
 
 /// More iterations than this are not drawn as bands (they would blur into grey).
 const MAX_BANDS: usize = 400;
 const MAX_OOMS: usize = 100;
+/// The lowest-allocated line is drawn only when points cover at least this many events (below,
+/// it hugs the highest and only adds clutter).
+const MIN_LINE_BUCKET: usize = 16;
 
 /// A shaded range of the x axis with its hover text.
 #[derive(Clone, Debug)]
@@ -58,6 +64,9 @@ pub struct Timeline {
     pub bucket_events: usize,
     pub xs: Vec<f64>,
     pub allocated: Vec<u64>,
+    /// The lowest allocated value in each bucket (equal to `allocated` when buckets hold one
+    /// event): with the maximum it shows how far memory swings inside a bucket.
+    pub allocated_min: Vec<u64>,
     pub reserved: Vec<u64>,
     pub active: Vec<u64>,
     /// Bottom first.
@@ -75,26 +84,55 @@ pub struct Timeline {
     pub growth_notes: Vec<String>,
 }
 
-/// x coordinates of events: seconds since the first event when every event has a time and
-/// times never go back, else the event index.
+/// What the x axis measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum XAxis {
+    /// The event index: allocator activity in order, so every iteration gets room however long
+    /// the program spent outside the allocator (setup, data loading). PyTorch's own memory
+    /// viewer does the same. Times are given in the hover texts.
+    #[default]
+    Events,
+    /// Seconds since the first event (falls back to events when times are missing or go back).
+    Time,
+}
+
+/// x coordinates of events: seconds since the first event when asked and every event has a
+/// time and times never go back, else the event index.
 struct XMap<'a> {
     events: &'a [TraceEvent],
     t0: i64,
     time: bool,
+    /// Every event has a time and times never go back.
+    timed: bool,
 }
 
 impl XMap<'_> {
     fn x(&self, i: usize) -> f64 {
         let i = i.min(self.events.len().saturating_sub(1));
         if self.time {
-            (self.events[i].time_us - self.t0) as f64 / 1e6
+            self.seconds(i)
         } else {
             i as f64
+        }
+    }
+
+    fn seconds(&self, i: usize) -> f64 {
+        let i = i.min(self.events.len().saturating_sub(1));
+        (self.events[i].time_us - self.t0) as f64 / 1e6
+    }
+
+    /// ` at 1.2 s for 30 ms`, or nothing without times.
+    fn when(&self, a: usize, b: usize) -> String {
+        if self.timed {
+            format!(", at {} for {}", fmt_seconds(self.seconds(a)), fmt_seconds(self.seconds(b) - self.seconds(a)))
+        } else {
+            String::new()
         }
     }
 }
 
 /// Sample the timeline of one device. `None` when the device has no trace.
+#[allow(clippy::too_many_arguments)]
 pub fn sample(
     snap: &Snapshot,
     stacks: &StackTable,
@@ -103,20 +141,22 @@ pub fn sample(
     da: &DeviceAnalysis,
     max_points: usize,
     top_sites: usize,
+    axis: XAxis,
 ) -> Option<Timeline> {
     let events = snap.trace(d.device).map_or(&[][..], |t| &t.events[..]);
     let n = events.len().min(d.series.len());
     if n == 0 {
         return None;
     }
-    let time = events[..n].iter().all(|e| e.has_time()) && events[..n].windows(2).all(|w| w[0].time_us <= w[1].time_us);
-    let xm = XMap { events: &events[..n], t0: events[0].time_us, time };
+    let timed = events[..n].iter().all(|e| e.has_time()) && events[..n].windows(2).all(|w| w[0].time_us <= w[1].time_us);
+    let time = timed && axis == XAxis::Time;
+    let xm = XMap { events: &events[..n], t0: events[0].time_us, time, timed };
 
     let buckets = n.min(max_points.max(1));
     let bounds = |k: usize| (k * n / buckets, (k + 1) * n / buckets);
     let s = &d.series;
-    // (representative event, allocated max, reserved max, active max) per bucket.
-    let per: Vec<(usize, u64, u64, u64)> = (0..buckets)
+    // (representative event, allocated max, reserved max, active max, allocated min) per bucket.
+    let per: Vec<(usize, u64, u64, u64, u64)> = (0..buckets)
         .into_par_iter()
         .map(|k| {
             let (lo, hi) = bounds(k);
@@ -128,7 +168,8 @@ pub fn sample(
             }
             let rmax = s.reserved[lo..hi].iter().copied().max().unwrap_or(0);
             let amax = s.active[lo..hi].iter().copied().max().unwrap_or(0);
-            (rep, s.allocated[rep], rmax, amax)
+            let lmin = s.allocated[lo..hi].iter().copied().min().unwrap_or(0);
+            (rep, s.allocated[rep], rmax, amax, lmin)
         })
         .collect();
     let reps: Vec<usize> = per.iter().map(|p| p.0).collect();
@@ -194,7 +235,7 @@ pub fn sample(
         let end = starts.get(j + 1).map_or(n, |&e| (e as usize).min(n));
         let floor = s.after(st.checked_sub(1)).allocated;
         iteration_floor.push((xm.x(st), floor));
-        let dur = if time { format!(", {}", fmt_seconds(xm.x(end - 1) - xm.x(st))) } else { String::new() };
+        let dur = xm.when(st, end - 1);
         iterations.push(Band {
             x0: xm.x(st),
             x1: xm.x(end.saturating_sub(1).max(st)),
@@ -209,8 +250,14 @@ pub fn sample(
         });
     }
     let iterations_not_drawn = if iterations.len() > MAX_BANDS { std::mem::take(&mut iterations).len() } else { 0 };
-    if iteration_floor.len() > MAX_BANDS * 2 {
-        iteration_floor.clear();
+    if iteration_floor.len() > max_points {
+        // Keep every k-th iteration start (and the last), deterministically.
+        let k = iteration_floor.len().div_ceil(max_points);
+        let last = *iteration_floor.last().unwrap();
+        iteration_floor = iteration_floor.into_iter().step_by(k).collect();
+        if iteration_floor.last() != Some(&last) {
+            iteration_floor.push(last);
+        }
     }
     let evals = da
         .phases
@@ -222,7 +269,12 @@ pub fn sample(
             Band {
                 x0: xm.x(a),
                 x1: xm.x(b),
-                title: format!("evaluation window (forward passes with no backward): events {}–{}", fmt_count(a as u64), fmt_count(b as u64)),
+                title: format!(
+                    "evaluation window (forward passes with no backward): events {}–{}{}",
+                    fmt_count(a as u64),
+                    fmt_count(b as u64),
+                    xm.when(a, b)
+                ),
             }
         })
         .collect();
@@ -235,8 +287,9 @@ pub fn sample(
             ooms.push((
                 xm.x(i),
                 format!(
-                    "out of memory at event {}: asked for {}, {} free on the device; {} allocated, {} reserved",
+                    "out of memory at event {}{}: asked for {}, {} free on the device; {} allocated, {} reserved",
                     fmt_count(i as u64),
+                    if timed { format!(" ({} into the trace)", fmt_seconds(xm.seconds(i))) } else { String::new() },
                     fmt_bytes(e.size),
                     fmt_bytes(e.device_free()),
                     fmt_bytes(s.allocated[i]),
@@ -256,6 +309,7 @@ pub fn sample(
             fmt_bytes(pk.value),
             fmt_count(pk.value),
             match pk.event_index {
+                Some(i) if timed => format!("after event {} ({} into the trace)", fmt_count(i as u64), fmt_seconds(xm.seconds(i))),
                 Some(i) => format!("after event {}", fmt_count(i as u64)),
                 None => "before the first event".into(),
             }
@@ -278,6 +332,7 @@ pub fn sample(
         bucket_events: n.div_ceil(buckets),
         xs: reps.iter().map(|&r| xm.x(r)).collect(),
         allocated: per.iter().map(|p| p.1).collect(),
+        allocated_min: per.iter().map(|p| p.4).collect(),
         reserved: per.iter().map(|p| p.2).collect(),
         active: per.iter().map(|p| p.3).collect(),
         sites,
@@ -324,7 +379,7 @@ pub fn render(t: &Timeline, width: u32) -> String {
         let root = SVGBackend::with_string(&mut plot, (width, plot_h)).into_drawing_area();
         root.fill(&WHITE)?;
         let mut chart = ChartBuilder::on(&root)
-            .margin_top(12)
+            .margin_top(16)
             .margin_right(24)
             .margin_left(8)
             .margin_bottom(4)
@@ -332,10 +387,8 @@ pub fn render(t: &Timeline, width: u32) -> String {
             .y_label_area_size(72)
             .build_cartesian_2d(x0..x1, 0f64..ymax)?;
         let ytop = ymax;
-        // Bands first, so everything else is drawn over them.
-        chart.draw_series(t.iterations.iter().enumerate().filter(|(j, _)| j % 2 == 1).map(|(_, b)| {
-            Rectangle::new([(b.x0, 0.0), (b.x1, ytop)], BAND.filled())
-        }))?;
+        // Evaluation windows behind everything; iteration bands are laid over the areas later
+        // (translucent), so they stay visible where the stacked areas fill the plot.
         chart.draw_series(t.evals.iter().map(|b| Rectangle::new([(b.x0, 0.0), (b.x1.max(b.x0 + span * 0.002), ytop)], EVAL.filled())))?;
         let x_is_time = t.x_is_time;
         let xfmt = move |v: &f64| {
@@ -348,7 +401,7 @@ pub fn render(t: &Timeline, width: u32) -> String {
                     format!("{v:.0} s")
                 }
             } else {
-                fmt_count(v.max(0.0).round() as u64)
+                compact(v.max(0.0).round() as u64)
             }
         };
         let yfmt = |v: &f64| {
@@ -363,14 +416,19 @@ pub fn render(t: &Timeline, width: u32) -> String {
         chart
             .configure_mesh()
             .disable_x_mesh()
-            .light_line_style(RGBColor(0xf0, 0xf0, 0xf0))
+            .max_light_lines(0)
+            .light_line_style(TRANSPARENT)
             .bold_line_style(RGBColor(0xdd, 0xdd, 0xdd))
             .axis_style(RGBColor(0x88, 0x88, 0x88))
             .x_labels(10)
             .y_labels(8)
             .x_label_formatter(&xfmt)
             .y_label_formatter(&yfmt)
-            .x_desc(if t.x_is_time { "time since the first trace event" } else { "trace event (the file has no times)" })
+            .x_desc(if t.x_is_time {
+                "time since the first trace event"
+            } else {
+                "trace events in order (allocator activity; hover the bands for times)"
+            })
             .y_desc(uname)
             .label_style(("sans-serif", 13).into_font().color(&RGBColor(0x33, 0x33, 0x33)))
             .axis_desc_style(("sans-serif", 13).into_font().color(&RGBColor(0x33, 0x33, 0x33)))
@@ -386,7 +444,18 @@ pub fn render(t: &Timeline, width: u32) -> String {
             }
             cum.push(run.clone());
         }
-        let pts = |vals: &[u64]| -> Vec<(f64, f64)> { t.xs.iter().zip(vals).map(|(x, v)| (*x, *v as f64 / u)).collect() };
+        // Memory holds its value until the next event: draw steps, not slopes.
+        let pts = |vals: &[u64]| -> Vec<(f64, f64)> {
+            let mut p = Vec::with_capacity(vals.len() * 2);
+            for (i, (x, v)) in t.xs.iter().zip(vals).enumerate() {
+                let y = *v as f64 / u;
+                p.push((*x, y));
+                if let Some(next) = t.xs.get(i + 1) {
+                    p.push((*next, y));
+                }
+            }
+            p
+        };
         // "Other sites": up to the allocated line.
         chart.draw_series(AreaSeries::new(pts(&t.allocated), 0.0, hex(OTHER_COLOR).filled()))?;
         for (j, c) in cum.iter().enumerate().rev() {
@@ -394,14 +463,23 @@ pub fn render(t: &Timeline, width: u32) -> String {
         }
         chart.draw_series(LineSeries::new(pts(&t.reserved), RESERVED.stroke_width(2)))?;
         chart.draw_series(LineSeries::new(pts(&t.active), ACTIVE.stroke_width(1)))?;
+        if t.bucket_events >= MIN_LINE_BUCKET && t.allocated_min != t.allocated {
+            chart.draw_series(LineSeries::new(pts(&t.allocated_min), ALLOCATED_MIN.stroke_width(1)))?;
+        }
         chart.draw_series(LineSeries::new(pts(&t.allocated), ALLOCATED.stroke_width(2)))?;
         if !t.iteration_floor.is_empty() {
+            // Dots, not a line: a line across a long first iteration would suggest a ramp.
             let floor: Vec<(f64, f64)> = t.iteration_floor.iter().map(|(x, v)| (*x, *v as f64 / u)).collect();
-            chart.draw_series(LineSeries::new(floor.clone(), BLACK.mix(0.55).stroke_width(1)))?;
             if floor.len() <= 150 {
-                chart.draw_series(floor.iter().map(|p| Circle::new(*p, 2, BLACK.mix(0.7).filled())))?;
+                chart.draw_series(floor.iter().map(|p| Circle::new(*p, 3, FLOOR.filled())))?;
+            } else {
+                chart.draw_series(LineSeries::new(floor, FLOOR.stroke_width(1)))?;
             }
         }
+        // Evaluation windows are also marked by a strip along the top of the plot.
+        chart.draw_series(t.evals.iter().map(|b| {
+            Rectangle::new([(b.x0, ytop), (b.x1.max(b.x0 + span * 0.002), ytop * 0.985)], EVAL_STRIP.filled())
+        }))?;
         for (x, _) in &t.ooms {
             chart.draw_series(std::iter::once(PathElement::new(vec![(*x, 0.0), (*x, ytop)], OOM.stroke_width(2))))?;
         }
@@ -412,12 +490,30 @@ pub fn render(t: &Timeline, width: u32) -> String {
         let (l, tp) = chart.backend_coord(&(x0, ytop));
         let (r, b) = chart.backend_coord(&(x1, 0.0));
         plot_area = (l, tp, r, b);
-        for band in t.iterations.iter().chain(&t.evals) {
+        let number_every = (t.iterations.len() / 40).max(1);
+        for (j, band) in t.iterations.iter().enumerate() {
+            let (a, _) = chart.backend_coord(&(band.x0, ytop));
+            let (z, _) = chart.backend_coord(&(band.x1, ytop));
+            let w = (z - a).max(1);
+            let shade = if j % 2 == 1 { r##"fill="#1d3557" fill-opacity="0.07""## } else { r##"fill="#000000" fill-opacity="0""## };
+            let _ = write!(overlay, r#"<g><title>{}</title><rect x="{a}" y="{tp}" width="{w}" height="{}" {shade}/>"#, escape(&band.title), b - tp);
+            if j % number_every == 0 && w >= 12 {
+                let _ = write!(
+                    overlay,
+                    r##"<text x="{}" y="{}" font-size="10" fill="#5b6068" text-anchor="middle">{}</text>"##,
+                    a + w / 2,
+                    tp - 3,
+                    j + 1
+                );
+            }
+            overlay.push_str("</g>\n");
+        }
+        for band in &t.evals {
             let (a, _) = chart.backend_coord(&(band.x0, ytop));
             let (z, _) = chart.backend_coord(&(band.x1, ytop));
             let _ = writeln!(
                 overlay,
-                r#"<rect x="{a}" y="{tp}" width="{}" height="{}" fill="#000000" fill-opacity="0"><title>{}</title></rect>"#,
+                r##"<rect x="{a}" y="{tp}" width="{}" height="{}" fill="#000000" fill-opacity="0"><title>{}</title></rect>"##,
                 (z - a).max(2),
                 b - tp,
                 escape(&band.title)
@@ -495,7 +591,7 @@ pub fn render(t: &Timeline, width: u32) -> String {
         );
     }
     let _ = writeln!(s, r#"<g transform="translate(0,{})">"#, num(caption_h));
-    s.push_str(&plot);
+    s.push_str(&simplify_point_lists(&plot));
     s.push_str(&overlay);
     s.push_str("</g>\n");
     let mut y = caption_h + plot_h as f64 + 6.0;
@@ -503,15 +599,18 @@ pub fn render(t: &Timeline, width: u32) -> String {
         let mut x = 10.0;
         for it in row {
             let _ = write!(s, "<g><title>{}</title>", escape(&it.title));
-            match it.swatch {
+            match &it.swatch {
                 Swatch::Fill(c) => {
                     let _ = write!(s, r##"<rect x="{}" y="{}" width="14" height="11" fill="{c}" stroke="#999999" stroke-width="0.5"/>"##, num(x), num(y + 2.0));
                 }
                 Swatch::Line(c, w) => {
-                    let _ = write!(s, r#"<rect x="{}" y="{}" width="14" height="{w}" fill="{c}"/>"#, num(x), num(y + 7.0 - w as f64 / 2.0));
+                    let _ = write!(s, r#"<rect x="{}" y="{}" width="14" height="{w}" fill="{c}"/>"#, num(x), num(y + 7.0 - *w as f64 / 2.0));
                 }
                 Swatch::Dot(c) => {
                     let _ = write!(s, r#"<circle cx="{}" cy="{}" r="4" fill="none" stroke="{c}" stroke-width="2"/>"#, num(x + 7.0), num(y + 7.0));
+                }
+                Swatch::FilledDot(c) => {
+                    let _ = write!(s, r#"<circle cx="{}" cy="{}" r="3" fill="{c}"/>"#, num(x + 7.0), num(y + 7.0));
                 }
             }
             let _ = writeln!(s, r##"<text x="{}" y="{}" font-size="12" fill="#222222">{}</text></g>"##, num(x + 19.0), num(y + 12.0), escape(&it.label));
@@ -523,6 +622,54 @@ pub fn render(t: &Timeline, width: u32) -> String {
     s
 }
 
+/// Drop points that do not change what a polyline or polygon draws: repeats, and the middle of
+/// three points on one vertical or horizontal line when it lies between the other two. Plotters
+/// writes whole-pixel coordinates, so a 2,000-point series on a 1,000-pixel axis has many.
+fn simplify_point_lists(svg: &str) -> String {
+    let mut out = String::with_capacity(svg.len());
+    let mut rest = svg;
+    while let Some(i) = rest.find("points=\"") {
+        let (head, tail) = rest.split_at(i + 8);
+        out.push_str(head);
+        let end = tail.find('"').unwrap_or(tail.len());
+        let mut pts: Vec<(i64, i64)> = Vec::new();
+        for p in tail[..end].split_ascii_whitespace() {
+            let Some((x, y)) = p.split_once(',').and_then(|(x, y)| Some((x.parse().ok()?, y.parse().ok()?))) else { continue };
+            if pts.last() == Some(&(x, y)) {
+                continue;
+            }
+            while pts.len() >= 2 {
+                let (a, b) = (pts[pts.len() - 2], pts[pts.len() - 1]);
+                let between = |a: i64, b: i64, c: i64| (a <= b && b <= c) || (c <= b && b <= a);
+                let redundant = (a.0 == b.0 && b.0 == x && between(a.1, b.1, y)) || (a.1 == b.1 && b.1 == y && between(a.0, b.0, x));
+                if redundant {
+                    pts.pop();
+                } else {
+                    break;
+                }
+            }
+            pts.push((x, y));
+        }
+        for (x, y) in pts {
+            let _ = write!(out, "{x},{y} ");
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// `950`, `12k`, `1.5M`: short tick labels.
+fn compact(n: u64) -> String {
+    if n < 10_000 {
+        fmt_count(n)
+    } else if n < 1_000_000 {
+        format!("{}k", num(n as f64 / 1000.0))
+    } else {
+        format!("{}M", num(n as f64 / 1e6))
+    }
+}
+
 fn hex(c: &str) -> RGBColor {
     let v = u32::from_str_radix(c.trim_start_matches('#'), 16).unwrap_or(0);
     RGBColor((v >> 16) as u8, (v >> 8) as u8, v as u8)
@@ -532,6 +679,7 @@ enum Swatch {
     Fill(String),
     Line(String, u32),
     Dot(String),
+    FilledDot(String),
 }
 
 struct LegendItem {
@@ -549,14 +697,24 @@ fn legend_items(t: &Timeline) -> Vec<LegendItem> {
         (Swatch::Line(c(RESERVED), 3), "reserved".to_string(), "memory_reserved(): bytes the caching allocator holds from CUDA".to_string()),
         (Swatch::Dot(c(PEAK)), "peak".to_string(), t.peak.2.clone()),
     ];
+    if t.bucket_events >= MIN_LINE_BUCKET && t.allocated_min != t.allocated {
+        v.insert(
+            1,
+            (
+                Swatch::Line(c(ALLOCATED_MIN), 2),
+                "allocated, lowest in each point".to_string(),
+                "each point covers several events: the dark line is their highest allocated value, this one their lowest".to_string(),
+            ),
+        );
+    }
     if !t.iteration_floor.is_empty() {
-        v.push((Swatch::Line("#737373".into(), 2), "allocated at iteration start".into(), "a leak raises this line iteration after iteration".into()));
+        v.push((Swatch::FilledDot("#3a3a3a".into()), "allocated at iteration start".into(), "a leak raises these dots iteration after iteration".into()));
     }
     if !t.iterations.is_empty() {
-        v.push((Swatch::Fill(c(BAND)), "iterations (alternate)".into(), format!("{} iterations", t.iterations.len())));
+        v.push((Swatch::Fill(c(BAND)), "iterations (numbered; every other one shaded)".into(), format!("{} iterations", t.iterations.len())));
     }
     if !t.evals.is_empty() {
-        v.push((Swatch::Fill(c(EVAL)), "evaluation".into(), "forward passes with no backward".into()));
+        v.push((Swatch::Fill(c(EVAL_STRIP)), "evaluation (forward, no backward)".into(), "forward passes with no backward".into()));
     }
     if t.ooms_total > 0 {
         v.push((Swatch::Line(c(OOM), 3), "OOM".into(), format!("{} out-of-memory events", t.ooms_total)));
@@ -592,4 +750,16 @@ fn layout_legend(items: &[LegendItem], width: f64) -> Vec<Vec<&LegendItem>> {
         x += it.width;
     }
     rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::simplify_point_lists;
+
+    #[test]
+    fn simplifies_without_changing_the_shape() {
+        let svg = r#"<polyline points="0,5 1,5 2,5 2,5 2,3 2,1 2,4 3,4 "/>"#;
+        // The vertical run 5 → 1 → 4 keeps its extreme (1); the flat runs keep their ends.
+        assert_eq!(simplify_point_lists(svg), r#"<polyline points="0,5 2,5 2,1 2,4 3,4 "/>"#);
+    }
 }

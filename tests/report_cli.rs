@@ -1,0 +1,147 @@
+//! `memsnap report` and `memsnap flamegraph` through the built binary: output files, formats,
+//! identical bytes on 1 and 2 threads, flamegraph sums, and a folded golden.
+//!
+//! Regenerate the golden with `UPDATE_GOLDEN=1 cargo test --test report_cli`.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::{fixture, memsnap, root};
+
+/// Run memsnap with `RAYON_NUM_THREADS=threads`; returns (exit code, stderr).
+fn run_threads(threads: usize, args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_memsnap"))
+        .args(args)
+        .current_dir(root())
+        .env("RAYON_NUM_THREADS", threads.to_string())
+        .output()
+        .expect("run memsnap");
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn report_writes_html_and_svg_by_extension() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = fixture("dev/s03_loss_history_leak.pickle.xz");
+    for (name, head) in [("r.html", "<!DOCTYPE html>"), ("r.svg", "<svg ")] {
+        let out = dir.path().join(name);
+        let run = memsnap(&["report", s(&input), "-o", s(&out)]);
+        assert_eq!(run.code, Some(0), "{}", run.stderr);
+        let text = std::fs::read_to_string(&out).unwrap();
+        assert!(text.starts_with(head), "{name}");
+        assert!(text.contains("retained_graph"));
+        assert!(text.contains("s03_loss_history_leak.py:17"));
+        // Only the input's file name, never where it or the output lives on this machine.
+        assert!(text.contains("s03_loss_history_leak.pickle.xz"));
+        assert!(!text.contains(s(&root().join("fixtures"))), "{name} names a local path");
+        assert!(!text.contains(s(dir.path())), "{name} names a local path");
+    }
+    // --format wins over the extension.
+    let out = dir.path().join("report.txt");
+    let run = memsnap(&["report", s(&input), "-o", s(&out), "--format", "svg"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(std::fs::read_to_string(&out).unwrap().starts_with("<svg "));
+}
+
+#[test]
+fn report_refuses_an_unknown_extension_and_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = fixture("dev/s12_cuda_graph.pickle.xz");
+    let run = memsnap(&["report", s(&input), "-o", s(&dir.path().join("r.pdf"))]);
+    assert_eq!(run.code, Some(2));
+    assert!(run.stderr.contains("--format"), "{}", run.stderr);
+    let run = memsnap(&["report", s(&fixture("hostile/empty.pickle")), "-o", s(&dir.path().join("r.html"))]);
+    assert_eq!(run.code, Some(2));
+    assert!(!dir.path().join("r.html").exists());
+}
+
+#[test]
+fn one_and_two_threads_give_identical_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    for input in ["dev/s03_loss_history_leak.pickle.xz", "dev/s10_streams.pickle.xz", "multi/m01_two_gpu_pipeline.pickle"] {
+        let input = fixture(input);
+        for (name, extra) in [
+            ("r.html", vec!["report"]),
+            ("r.svg", vec!["report"]),
+            ("f.svg", vec!["flamegraph"]),
+            ("f.folded", vec!["flamegraph", "--folded"]),
+        ] {
+            let mut outs = Vec::new();
+            for threads in [1, 2] {
+                let out = dir.path().join(format!("{threads}-{name}"));
+                let mut args: Vec<&str> = extra.clone();
+                args.extend([s(&input), "-o", s(&out)]);
+                let (code, err) = run_threads(threads, &args);
+                assert_eq!(code, Some(0), "{err}");
+                outs.push(std::fs::read(&out).unwrap());
+            }
+            assert!(outs[0] == outs[1], "{}: {name} differs between 1 and 2 threads", input.display());
+        }
+    }
+}
+
+fn folded_sum(text: &str) -> u64 {
+    text.lines().map(|l| l.rsplit_once(' ').expect("`stack bytes`").1.parse::<u64>().expect("bytes")).sum()
+}
+
+#[test]
+fn folded_flamegraph_sums_to_allocated_bytes() {
+    for input in ["dev/s03_loss_history_leak.pickle.xz", "dev/s08_oom.pickle.xz", "extra/x03_inference_cache_leak.pickle"] {
+        let input = fixture(input);
+        let json = memsnap(&["analyze", s(&input), "--json"]).json();
+        let dev = &json["devices"][0];
+        let peak = dev["peak_allocated_bytes"].as_u64().unwrap();
+        let end = dev["allocated_bytes"].as_u64().unwrap();
+
+        let run = memsnap(&["flamegraph", s(&input), "--folded"]);
+        assert_eq!(run.code, Some(0), "{}", run.stderr);
+        assert_eq!(folded_sum(&run.stdout), peak, "{}: peak", input.display());
+        assert!(!run.stdout.contains('*'), "folded output carries no user marks");
+
+        let run = memsnap(&["flamegraph", s(&input), "--folded", "--at", "end"]);
+        assert_eq!(folded_sum(&run.stdout), end, "{}: end", input.display());
+
+        // The peak's time (first event at that time) and its event index give the same sum
+        // as `--at peak` when no later event shares the time.
+        let idx = dev["peak_event_index"].as_u64().unwrap();
+        let run = memsnap(&["flamegraph", s(&input), "--folded", "--at", &format!("event:{idx}")]);
+        assert_eq!(folded_sum(&run.stdout), peak, "{}: event:{idx}", input.display());
+        let t = dev["peak_time_us"].as_i64().unwrap();
+        let run = memsnap(&["flamegraph", s(&input), "--folded", "--at", &t.to_string()]);
+        assert_eq!(run.code, Some(0), "{}", run.stderr);
+        assert!(folded_sum(&run.stdout) > 0);
+    }
+}
+
+#[test]
+fn flamegraph_svg_and_devices() {
+    let input = fixture("multi/m01_two_gpu_pipeline.pickle");
+    let run = memsnap(&["flamegraph", s(&input)]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(run.stdout.starts_with("<svg "));
+    assert!(run.stdout.contains("[cuda:1]"), "two devices: each stack starts with its device");
+    let run = memsnap(&["flamegraph", s(&input), "--device", "1", "--folded"]);
+    assert!(run.stdout.lines().all(|l| !l.starts_with("[cuda:")));
+    let run = memsnap(&["flamegraph", s(&input), "--device", "7"]);
+    assert_eq!(run.code, Some(2));
+    let run = memsnap(&["flamegraph", s(&input), "--at", "noon"]);
+    assert_eq!(run.code, Some(2));
+}
+
+#[test]
+fn folded_golden() {
+    let run = memsnap(&["flamegraph", s(&fixture("dev/s10_streams.pickle.xz")), "--folded"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let path = root().join("tests/golden/s10_streams.peak.folded");
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, &run.stdout).unwrap();
+    }
+    let expected = std::fs::read_to_string(&path).expect("golden (UPDATE_GOLDEN=1 creates it)");
+    assert_eq!(run.stdout, expected, "UPDATE_GOLDEN=1 regenerates");
+}
