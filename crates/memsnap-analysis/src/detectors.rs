@@ -471,9 +471,15 @@ fn merge_into_retained_graph(mut out: Vec<Suspect>, occ: &[BTreeSet<usize>]) -> 
     if !folded.is_empty() {
         let extra: u64 = folded.iter().map(|f| f.1).sum();
         let list: Vec<String> = folded.iter().map(|(s, b)| format!("{} ({})", s.short(), fmt_bytes(*b))).collect();
+        let occurrences = occ[main].len().max(1) as u64;
         let m = &mut out[main];
         m.bytes += extra;
-        m.evidence.push_str(&format!(" The same steps also left behind tensors from {} — inputs and loss kept by the same graph.", list.join(", ")));
+        m.growth_bytes_per_iteration = Some(m.bytes / occurrences);
+        m.evidence.push_str(&format!(
+            " The same steps also left behind tensors from {} — inputs and loss kept by the same graph; in all {} per iteration.",
+            list.join(", "),
+            fmt_bytes(m.bytes / occurrences)
+        ));
     }
     let mut i = 0;
     out.retain(|_| {
