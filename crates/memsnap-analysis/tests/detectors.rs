@@ -273,7 +273,9 @@ fn retained_graph_every_activation_kept_each_step() {
     let a = analyze_snapshot(&p.t.finish());
     let s = the_one(&a, SuspectKind::RetainedGraph);
     assert_site(&s, TRAIN, 16, &a);
-    assert_eq!(s.growth_bytes_per_iteration, Some(steps.saved_bytes), "{}", describe(&a));
+    // Growth counts the saved activations plus the inputs and loss folded in from other lines.
+    assert_eq!(s.growth_bytes_per_iteration, Some(s.bytes / 5), "{}", describe(&a));
+    assert!(s.growth_bytes_per_iteration.unwrap() > steps.saved_bytes, "{}", describe(&a));
     // Steps 0..=4 are measured (the last step may still be in use); the kept inputs and losses
     // are folded in rather than listed as leaks of their own.
     assert!(s.bytes >= 5 * steps.saved_bytes, "{}", describe(&a));
