@@ -318,3 +318,27 @@ fn huge_bench_file_finds_the_512_byte_loss_kept_per_step() {
         describe(&out)
     );
 }
+
+/// The analysis is identical for any number of threads: devices and segments are replayed in
+/// parallel and merged deterministically.
+#[test]
+fn analyze_json_is_identical_for_one_and_several_threads() {
+    for prefix in ["m01_two_gpu_pipeline", "s03", "s08"] {
+        let path = find(prefix);
+        let p = path.to_str().expect("utf-8 path");
+        let run = |threads: &str| {
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_memsnap"))
+                .args(["analyze", p, "--json"])
+                .env("RAYON_NUM_THREADS", threads)
+                .output()
+                .expect("run memsnap");
+            assert!(out.status.success(), "{prefix}: {}", String::from_utf8_lossy(&out.stderr));
+            out.stdout
+        };
+        let one = run("1");
+        assert!(!one.is_empty());
+        for threads in ["2", "4"] {
+            assert!(one == run(threads), "{prefix}: output differs between 1 and {threads} threads");
+        }
+    }
+}
