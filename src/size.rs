@@ -47,18 +47,7 @@ pub fn parse(text: &str) -> Result<u64, String> {
 
 /// `1.50 GiB`, `512 B`: binary units with two decimals, as the other commands print sizes.
 pub fn format(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.2} {}", UNITS[u])
-    }
+    memsnap_model::format_bytes(b, 2)
 }
 
 /// A change in bytes with its sign: `+1.50 GiB`, `-512 B`, `0 B`.

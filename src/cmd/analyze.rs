@@ -54,18 +54,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
 
 
 fn fmt_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.2} {}", UNITS[u])
-    }
+    memsnap_model::format_bytes(b, 2)
 }
 
 fn site_json(s: &Site) -> Value {

@@ -14,14 +14,7 @@ use crate::cmd::emit;
 use crate::size;
 
 /// Every suspect kind, in the order the docs list them.
-const KINDS: [SuspectKind; 6] = [
-    SuspectKind::Oom,
-    SuspectKind::RetainedGraph,
-    SuspectKind::NoGradMissing,
-    SuspectKind::UnreleasedGradient,
-    SuspectKind::ReferenceLeak,
-    SuspectKind::Fragmentation,
-];
+const KINDS: [SuspectKind; 6] = SuspectKind::ALL;
 
 #[derive(clap::Args)]
 #[command(group(clap::ArgGroup::new("gates").required(true).multiple(true).args(["max_peak", "max_reserved", "fail_on"])))]

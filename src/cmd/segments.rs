@@ -115,18 +115,7 @@ pub(crate) fn select_devices(replay: &Replay, device: Option<u32>) -> anyhow::Re
 
 /// Bytes with a binary unit, two decimals (`20.00 MiB`).
 pub(crate) fn fmt_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.2} {}", UNITS[u])
-    }
+    memsnap_model::format_bytes(b, 2)
 }
 
 fn type_name(t: SegmentType) -> &'static str {

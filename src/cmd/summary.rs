@@ -96,18 +96,7 @@ pub fn pre_trace_blocks(snap: &Snapshot) -> (u64, u64) {
 }
 
 fn fmt_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.2} {}", UNITS[u])
-    }
+    memsnap_model::format_bytes(b, 2)
 }
 
 fn fmt_time(us: Option<i64>) -> String {

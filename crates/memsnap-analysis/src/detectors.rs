@@ -38,17 +38,18 @@ impl SuspectKind {
         }
     }
 
+    /// Every kind, in ranking order.
+    pub const ALL: [SuspectKind; 6] = [
+        SuspectKind::Oom,
+        SuspectKind::RetainedGraph,
+        SuspectKind::NoGradMissing,
+        SuspectKind::UnreleasedGradient,
+        SuspectKind::ReferenceLeak,
+        SuspectKind::Fragmentation,
+    ];
+
     pub fn parse(s: &str) -> Option<SuspectKind> {
-        [
-            SuspectKind::Oom,
-            SuspectKind::RetainedGraph,
-            SuspectKind::NoGradMissing,
-            SuspectKind::UnreleasedGradient,
-            SuspectKind::ReferenceLeak,
-            SuspectKind::Fragmentation,
-        ]
-        .into_iter()
-        .find(|k| k.name() == s)
+        SuspectKind::ALL.into_iter().find(|k| k.name() == s)
     }
 
     /// Leak kinds (growth of live memory), as opposed to events and states.
@@ -89,18 +90,7 @@ pub fn rank(a: &Suspect, b: &Suspect) -> Ordering {
 }
 
 pub fn fmt_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
+    memsnap_model::format_bytes(b, 1)
 }
 
 fn stack_sites(snap: &Snapshot, stack: StackId) -> Vec<Site> {

@@ -79,8 +79,6 @@ pub struct DeviceAnalysis {
     /// Live blocks at the peak, attributed (for flamegraphs and the report).
     pub peak_blocks: Vec<LiveBlock>,
     pub end_blocks: Vec<LiveBlock>,
-    /// Facts about every stack, to label frames.
-    pub stacks_user_frames: usize,
 }
 
 pub struct Analysis {
@@ -208,7 +206,6 @@ fn analyze_device(snap: &Snapshot, stacks: &StackTable, d: &DeviceReplay) -> Dev
         eval_windows: phases.eval_windows.clone(),
         optimizer_steps: phases.optimizer_steps.len(),
     };
-    let stacks_user_frames = stacks.frame_kinds.iter().filter(|k| **k == memsnap_model::FrameKind::User).count();
     DeviceAnalysis {
         device: d.device,
         suspects,
@@ -218,6 +215,5 @@ fn analyze_device(snap: &Snapshot, stacks: &StackTable, d: &DeviceReplay) -> Dev
         caveats,
         peak_blocks,
         end_blocks,
-        stacks_user_frames,
     }
 }

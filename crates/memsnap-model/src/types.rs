@@ -344,3 +344,20 @@ fn is_stdlib_path(f: &str) -> bool {
     ];
     TORCH_DIRS.iter().any(|d| f.contains(d))
 }
+
+/// Bytes with a binary unit (`1.92 GiB`, `512 B`) and `decimals` digits after the point, as
+/// `torch.cuda.memory_summary()` prints them. One helper for every crate and command.
+pub fn format_bytes(b: u64, decimals: usize) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.decimals$} {}", UNITS[u])
+    }
+}

@@ -157,11 +157,6 @@ impl<'a> Heap<'a> {
             .map(|(_, v)| *v)
     }
 
-    /// The value of the last item whose key satisfies `pred`.
-    pub fn dict_get_where(&self, dict: u32, mut pred: impl FnMut(Value) -> bool) -> Option<Value> {
-        self.dict(dict).iter().rev().find(|(k, _)| pred(*k)).map(|(_, v)| *v)
-    }
-
     /// The value as a string, if it is one.
     pub fn as_str(&self, v: Value) -> Option<&str> {
         match v {

@@ -26,18 +26,7 @@ pub fn escape(s: &str) -> String {
 
 /// `1.92 GiB`, `512 B`: binary units with two decimals, as `torch.cuda.memory_summary()`.
 pub fn fmt_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.2} {}", UNITS[u])
-    }
+    memsnap_model::format_bytes(b, 2)
 }
 
 /// `1,234,567`.
