@@ -24,6 +24,7 @@ fn all_fixtures() -> Vec<PathBuf> {
     let mut v = files_in(&fixture("dev"), |n| n.ends_with(".pickle.xz"));
     v.extend(files_in(&fixture("extra"), |n| n.ends_with(".pickle")));
     v.extend(files_in(&fixture("multi"), |n| n.ends_with(".pickle")));
+    v.extend(files_in(&fixture("extra2"), |n| n.ends_with(".pickle")));
     v
 }
 
@@ -245,6 +246,9 @@ fn clean_runs_have_no_leak_suspects() {
         "x05_clean_lm_stacks_all",
         "m01_two_gpu_pipeline",
         "m02_ddp_rank0",
+        "y01_grad_accum_clean",
+        "y02_transformer_clean",
+        "y04_lru_cache_bounded",
     ];
     let mut failures = Vec::new();
     for name in clean {
@@ -270,6 +274,40 @@ fn x02_no_grad_missing_in_the_cnn_eval_loop() {
 #[test]
 fn x03_reference_leak_in_the_inference_cache() {
     expect_suspect("x03", "reference_leak", "x03_inference_cache_leak.py", 25);
+}
+
+/// Other phrasings of the same bugs (fixtures/extra2).
+#[test]
+fn y05_reference_leak_in_a_metrics_helper() {
+    let out = expect_suspect("y05", "reference_leak", "y05_metrics_leak.py", 22);
+    assert_eq!(of_kind(&out, "reference_leak")[0]["growth_bytes_per_iteration"], 4_194_304, "{}", describe(&out));
+}
+
+#[test]
+fn y06_reference_leak_of_tensors_a_backward_hook_keeps() {
+    // The kept `grad_output` tensors are made by the autograd engine (no Python frames): named
+    // at the `.backward()` line, as a reference leak rather than gradients (not parameter-sized).
+    let out = expect_suspect("y06", "reference_leak", "y06_hook_grad_leak.py", 33);
+    assert_eq!(of_kind(&out, "reference_leak")[0]["growth_bytes_per_iteration"], 2_097_152, "{}", describe(&out));
+    assert!(of_kind(&out, "unreleased_gradient").is_empty(), "{}", describe(&out));
+}
+
+/// A GAN (two models, alternating updates, `.detach()` of fakes) has no growth. Its script zeroes
+/// grads just before each backward (as the DCGAN tutorial does), so the last step's gradients
+/// are still allocated during the final `no_grad` sampling: the one (non-growth) suspect.
+#[test]
+fn y03_gan_has_no_growth_only_grads_held_through_sampling() {
+    let out = analyze(&find("y03"));
+    for s in suspects(&out) {
+        assert_eq!(s["kind"], "unreleased_gradient", "{}", describe(&out));
+        assert!(s["growth_bytes_per_iteration"].is_null(), "{}", describe(&out));
+    }
+}
+
+#[test]
+fn y07_no_grad_missing_and_the_kept_loss() {
+    expect_suspect("y07", "no_grad_missing", "y07_eval_no_grad_missing_list_of_losses.py", 27);
+    expect_suspect("y07", "retained_graph", "y07_eval_no_grad_missing_list_of_losses.py", 28);
 }
 
 #[test]

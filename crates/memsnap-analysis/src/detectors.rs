@@ -143,6 +143,8 @@ struct Group {
     output_bytes: u64,
     /// Distinct operations (innermost Python frames) the survivors were allocated by.
     ops: BTreeSet<FrameId>,
+    /// Survivor bytes whose size is a parameter's (gradients, rather than activation grads).
+    param_sized_bytes: u64,
     /// Survivor bytes allocated inside a loss function.
     loss_bytes: u64,
     largest: (u64, StackId),
@@ -158,11 +160,14 @@ fn growth(snap: &Snapshot, stacks: &StackTable, phases: &Phases, d: &DeviceRepla
     }
     let last_iter = n_iter - 1;
     let peak_t = d.peaks.allocated.event_index.map(|i| i as u32);
+    let param_sizes = parameter_sizes(stacks, phases, d, events);
     // Which iterations / eval passes allocated anything, per group (the eligible occurrences).
     let mut eligible: BTreeMap<GroupKey, BTreeSet<usize>> = BTreeMap::new();
     // Inner sites allocated by trained forward passes, per call site (for coverage).
     let mut forward_inner: BTreeMap<Option<FrameId>, BTreeSet<FrameId>> = BTreeMap::new();
-    let mut groups: BTreeMap<GroupKey, Group> = BTreeMap::new();
+    // Survivors first (key, occurrence, eval, block), aggregated below once one-off sizes are
+    // set aside.
+    let mut survivors: Vec<(GroupKey, usize, bool, &memsnap_replay::BlockLifetime)> = Vec::new();
 
     for b in &d.blocks {
         let Some(a) = b.alloc_event else { continue };
@@ -185,7 +190,19 @@ fn growth(snap: &Snapshot, stacks: &StackTable, phases: &Phases, d: &DeviceRepla
                 let occ = if eval { EVAL_PASS | pass } else { it };
                 (GroupKey::Forward(info.forward_call), occ, eval)
             }
-            Attr::Site(site) => (GroupKey::Site(site), it, false),
+            Attr::Site(site) => {
+                // Work around evaluation passes (the batch before, the loss and metrics after)
+                // repeats per pass too: tag it with the next pass when that is an evaluation
+                // pass, else with the previous one when that was.
+                let k = phases.forwards.partition_point(|f| f.span.start <= a);
+                if phases.forwards.get(k).is_some_and(|f| !f.trained) {
+                    (GroupKey::Site(site), EVAL_PASS | k, true)
+                } else if k > 0 && !phases.forwards[k - 1].trained {
+                    (GroupKey::Site(site), EVAL_PASS | (k - 1), true)
+                } else {
+                    (GroupKey::Site(site), it, false)
+                }
+            }
             Attr::NoFrames => (GroupKey::Unattributed, it, false),
             _ => continue,
         };
@@ -193,10 +210,32 @@ fn growth(snap: &Snapshot, stacks: &StackTable, phases: &Phases, d: &DeviceRepla
             continue;
         }
         eligible.entry(key).or_default().insert(occurrence);
-        let alive_at_end = b.free_requested_event.is_none() && b.free_completed_event.is_none();
-        if !alive_at_end {
+        if b.free_requested_event.is_none() && b.free_completed_event.is_none() {
+            survivors.push((key, occurrence, eval, b));
+        }
+    }
+
+    // A leak repeats. Blocks of a size that survives from a single occurrence while the group
+    // has several are one-off state (a library workspace made by the first backward, a lazily
+    // created buffer), not growth.
+    let mut size_occ: BTreeMap<(GroupKey, u64), BTreeSet<usize>> = BTreeMap::new();
+    let mut group_occ: BTreeMap<GroupKey, BTreeSet<usize>> = BTreeMap::new();
+    for &(key, occ, _, b) in &survivors {
+        size_occ.entry((key, b.size)).or_default().insert(occ);
+        group_occ.entry(key).or_default().insert(occ);
+    }
+    let one_off = |key: GroupKey, size: u64| {
+        group_occ.get(&key).is_some_and(|o| o.len() >= 3) && size_occ.get(&(key, size)).is_some_and(|o| o.len() == 1)
+    };
+
+    let mut groups: BTreeMap<GroupKey, Group> = BTreeMap::new();
+    for &(key, occurrence, eval, b) in &survivors {
+        if one_off(key, b.size) {
             continue;
         }
+        let Some(a) = b.alloc_event else { continue };
+        let info = stacks.get(events[a as usize].stack);
+        let attr = attribute(events, phases, stacks, b).0;
         let g = groups.entry(key).or_insert_with(|| Group { first_event: a, ..Group::default() });
         g.occurrences.insert(occurrence);
         *g.per_occurrence.entry(occurrence).or_default() += b.size;
@@ -207,6 +246,9 @@ fn growth(snap: &Snapshot, stacks: &StackTable, phases: &Phases, d: &DeviceRepla
         }
         if b.state_after(peak_t) == Some(BlockState::Allocated) {
             g.bytes_at_peak += b.size;
+        }
+        if param_sizes.contains(&b.size) {
+            g.param_sized_bytes += b.size;
         }
         // The model's output: allocated by the pass's last operation (an operation may allocate
         // several tensors, e.g. layer_norm's output, mean and rstd).
@@ -304,7 +346,8 @@ fn growth(snap: &Snapshot, stacks: &StackTable, phases: &Phases, d: &DeviceRepla
                 evidence: format!("{base}. The trace has no stacks for them, so the line that allocates them cannot be named."),
                 advice: "Record with stacks: `torch.cuda.memory._record_memory_history(max_entries=100000, stacks=\"python\")`, dump again, and memsnap will name the line; meanwhile look for tensors appended to lists or caches every iteration.".into(),
             },
-            GroupKey::Backward(line) => Suspect {
+            // Kept gradients come one per parameter: several blocks per step, of parameter sizes.
+            GroupKey::Backward(line) if g.param_sized_bytes * 2 >= g.bytes && g.blocks >= 2 * occ as u64 => Suspect {
                 kind: SuspectKind::UnreleasedGradient,
                 confidence,
                 device: d.device,
@@ -312,12 +355,27 @@ fn growth(snap: &Snapshot, stacks: &StackTable, phases: &Phases, d: &DeviceRepla
                 bytes_at_peak: g.bytes_at_peak,
                 growth_bytes_per_iteration: Some(growth),
                 site: line.map(|f| Site::of(snap, f)),
-                stack: line.map(|_| stack).unwrap_or_default(),
+                stack: line.map(|_| stack.clone()).unwrap_or_default(),
                 evidence: format!(
-                    "{base}. They were allocated by the autograd engine during {} (gradients) and never released.",
+                    "{base}. They were allocated by the autograd engine during {} and have the sizes of parameters: gradients, never released.",
                     attr_label(snap, Attr::Backward(line))
                 ),
                 advice: "Do not keep references to `.grad` tensors (e.g. `{n: p.grad}` in a log): store `p.grad.detach().clone().cpu()` or a norm (`p.grad.norm().item()`), and clear grads with `optimizer.zero_grad(set_to_none=True)` / `param.grad = None` right after `optimizer.step()`.".into(),
+            },
+            GroupKey::Backward(line) => Suspect {
+                kind: SuspectKind::ReferenceLeak,
+                confidence,
+                device: d.device,
+                bytes: g.bytes,
+                bytes_at_peak: g.bytes_at_peak,
+                growth_bytes_per_iteration: Some(growth),
+                site: line.map(|f| Site::of(snap, f)),
+                stack: line.map(|_| stack.clone()).unwrap_or_default(),
+                evidence: format!(
+                    "{base}. They were allocated by the autograd engine during {}, but not with the sizes of parameters: gradients of activations (`grad_output`/`grad_input`) kept from inside the backward pass — typically by a backward hook or `register_hook` callback that stores them.",
+                    attr_label(snap, Attr::Backward(line))
+                ),
+                advice: "Look for backward hooks (`register_full_backward_hook`, `register_hook`, `Tensor.register_hook`) that append tensors to a list or dict; store `t.detach().cpu()` or a statistic (`t.norm().item()`) instead, or clear the container every step.".into(),
             },
             GroupKey::Forward(call) => {
                 let eval = g.eval_bytes * 2 > g.bytes;
@@ -428,7 +486,7 @@ fn growth(snap: &Snapshot, stacks: &StackTable, phases: &Phases, d: &DeviceRepla
                 }
             }
         };
-        occurrence_sets.push(if g.eval_bytes * 2 > g.bytes { BTreeSet::new() } else { g.occurrences.clone() });
+        occurrence_sets.push(g.occurrences.clone());
         out.push(suspect);
     }
     merge_into_retained_graph(out, &occurrence_sets)
@@ -439,26 +497,39 @@ fn growth(snap: &Snapshot, stacks: &StackTable, phases: &Phases, d: &DeviceRepla
 /// iterations are folded into the retained-graph suspect instead of being listed as leaks of
 /// their own.
 fn merge_into_retained_graph(mut out: Vec<Suspect>, occ: &[BTreeSet<usize>]) -> Vec<Suspect> {
-    let Some(main) = (0..out.len())
-        .filter(|&i| out[i].kind == SuspectKind::RetainedGraph && !occ[i].is_empty())
-        .max_by(|&a, &b| out[a].bytes.cmp(&out[b].bytes).then(b.cmp(&a)))
-    else {
-        return out;
-    };
-    let mut folded: Vec<(Site, u64)> = Vec::new();
     let mut keep = vec![true; out.len()];
-    for i in 0..out.len() {
-        if i == main || out[i].kind == SuspectKind::UnreleasedGradient || out[i].kind == SuspectKind::NoGradMissing {
+    // Graph suspects, largest first: a retained graph absorbs other lines' retained loss
+    // tensors and kept inputs; a missing no_grad absorbs the inputs and metrics its passes keep.
+    let mut mains: Vec<usize> = (0..out.len())
+        .filter(|&i| matches!(out[i].kind, SuspectKind::RetainedGraph | SuspectKind::NoGradMissing) && !occ[i].is_empty())
+        .collect();
+    mains.sort_by(|&a, &b| out[b].bytes.cmp(&out[a].bytes).then(a.cmp(&b)));
+    for main in mains {
+        if !keep[main] || (out[main].kind == SuspectKind::RetainedGraph && !is_forward_graph(&out[main])) {
             continue;
         }
-        if !occ[i].is_empty() && occ[i].is_subset(&occ[main]) {
-            if let Some(site) = out[i].site.clone() {
-                folded.push((site, out[i].bytes));
+        let mut folded: Vec<(Site, u64)> = Vec::new();
+        for i in 0..out.len() {
+            // Survivors from the same steps (one stray occurrence allowed: the last batch of a
+            // loop often stays referenced by its loop variable).
+            let outside = occ[i].difference(&occ[main]).count();
+            if i == main || !keep[i] || occ[i].is_empty() || outside > (occ[i].len() / 5).max(1) || outside == occ[i].len() {
+                continue;
             }
-            keep[i] = false;
+            let absorbs = match out[main].kind {
+                SuspectKind::RetainedGraph => matches!(out[i].kind, SuspectKind::RetainedGraph | SuspectKind::ReferenceLeak),
+                _ => out[i].kind == SuspectKind::ReferenceLeak,
+            };
+            if absorbs {
+                if let Some(site) = out[i].site.clone() {
+                    folded.push((site, out[i].bytes));
+                }
+                keep[i] = false;
+            }
         }
-    }
-    if !folded.is_empty() {
+        if folded.is_empty() {
+            continue;
+        }
         let extra: u64 = folded.iter().map(|f| f.1).sum();
         let list: Vec<String> = folded.iter().map(|(s, b)| format!("{} ({})", s.short(), fmt_bytes(*b))).collect();
         let occurrences = occ[main].len().max(1) as u64;
@@ -466,9 +537,11 @@ fn merge_into_retained_graph(mut out: Vec<Suspect>, occ: &[BTreeSet<usize>]) -> 
         m.bytes += extra;
         m.growth_bytes_per_iteration = Some(m.bytes / occurrences);
         m.evidence.push_str(&format!(
-            " The same steps also left behind tensors from {} — inputs and loss kept by the same graph; in all {} per iteration.",
+            " The same {} also left behind tensors from {} — kept by the same graphs; in all {} per {}.",
+            if m.kind == SuspectKind::RetainedGraph { "steps" } else { "passes" },
             list.join(", "),
-            fmt_bytes(m.bytes / occurrences)
+            fmt_bytes(m.bytes / occurrences),
+            if m.kind == SuspectKind::RetainedGraph { "iteration" } else { "pass" },
         ));
     }
     let mut i = 0;
@@ -477,6 +550,31 @@ fn merge_into_retained_graph(mut out: Vec<Suspect>, occ: &[BTreeSet<usize>]) -> 
         keep[i - 1]
     });
     out
+}
+
+/// A retained-graph suspect about a forward pass (not about a kept loss at one line): only those
+/// absorb the rest of their graph.
+fn is_forward_graph(s: &Suspect) -> bool {
+    s.evidence.contains("operations that allocate inside this forward pass")
+}
+
+/// Sizes of parameters: blocks alive at the end that were allocated before the trace, or before
+/// the first backward pass outside forward and optimizer (model setup). Gradients have these
+/// sizes; a backward block of another size is an activation gradient or a library workspace.
+fn parameter_sizes(stacks: &StackTable, phases: &Phases, d: &DeviceReplay, events: &[TraceEvent]) -> BTreeSet<u64> {
+    let first_backward = phases.backwards.first().map_or(u32::MAX, |b| b.span.start);
+    d.blocks
+        .iter()
+        .filter(|b| b.free_requested_event.is_none() && b.free_completed_event.is_none())
+        .filter(|b| match b.alloc_event {
+            None => true,
+            Some(a) => {
+                let info = stacks.get(events[a as usize].stack);
+                a < first_backward && info.python && !info.forward && !info.optimizer && !info.backward_launch
+            }
+        })
+        .map(|b| b.size)
+        .collect()
 }
 
 // ------------------------------------------------------------------------------------------
@@ -496,21 +594,7 @@ fn grads_through_eval(
     // Gradients have the sizes of parameters. Parameters are blocks alive at the end that were
     // allocated before the trace or outside forward, backward and optimizer; a backward block of
     // another size kept for good is a library workspace (e.g. cuBLAS), not a gradient.
-    let first_backward = phases.backwards[0].span.start;
-    let param_sizes: BTreeSet<u64> = d
-        .blocks
-        .iter()
-        .filter(|b| b.free_requested_event.is_none() && b.free_completed_event.is_none())
-        .filter(|b| match b.alloc_event {
-            None => true,
-            Some(a) => {
-                // Model setup: before the first backward pass, outside forward and optimizer.
-                let info = stacks.get(events[a as usize].stack);
-                a < first_backward && info.python && !info.forward && !info.optimizer && !info.backward_launch
-            }
-        })
-        .map(|b| b.size)
-        .collect();
+    let param_sizes = parameter_sizes(stacks, phases, d, events);
     // The evaluation window (among the first 64) where the most backward-allocated bytes were
     // still allocated when it began.
     // (bytes, blocks, window index, bytes per backward line)

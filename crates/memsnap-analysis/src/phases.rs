@@ -196,7 +196,14 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
         };
         let other_between =
             forwards[k + 1..].iter().take_while(|f| f.span.start < b.span.start).any(|f| f.call_site != site);
-        forwards[k].trained = !other_between || backward_frees_pass(events, forwards[k].span, b.span);
+        // Any backward before the next pass from this line may be the one that runs through it
+        // (a GAN's generator pass is followed by the discriminator's backward first).
+        forwards[k].trained = !other_between
+            || backwards[j..]
+                .iter()
+                .take_while(|b| b.span.start < end)
+                .take(8)
+                .any(|b| backward_frees_pass(events, forwards[k].span, b.span));
     }
 
     // Evaluation windows: maximal runs of untrained passes.
