@@ -116,9 +116,13 @@ fn summary_text(l: &Loaded) -> String {
     let _ = writeln!(s, "memsnap summary: {}", l.path.display());
     let _ = writeln!(
         s,
-        "file: {} bytes ({} compression, {} pickle bytes), pickle protocol {}, producer {}",
+        "file: {} bytes ({}, {} pickle bytes), pickle protocol {}, producer {}",
         l.file_bytes,
-        l.compression.name(),
+        if l.compression == crate::input::Compression::None {
+            "uncompressed".to_string()
+        } else {
+            format!("{} compressed", l.compression.name())
+        },
         l.pickle_bytes,
         snap.source.protocol,
         snap.source.producer.name()
@@ -153,7 +157,9 @@ fn summary_text(l: &Loaded) -> String {
         ] {
             let _ = writeln!(s, "| {:<24}| {:>22} | {:>22} |", format!("  {name}"), c, fmt_bytes(b));
         }
-        let _ = writeln!(s, "| {:<24}| {:>22} | {:>22} |", "  total", t.segment_count, fmt_bytes(t.reserved_bytes));
+        let all_segments =
+            t.pools.small_segments + t.pools.large_segments + t.pools.private_segments + t.pools.expandable_segments;
+        let _ = writeln!(s, "| {:<24}| {:>22} | {:>22} |", "  total", all_segments, fmt_bytes(t.reserved_bytes));
         let _ = writeln!(s, "{thin}");
         let _ = writeln!(s, "| {:<24}| {:>22} | {:>22} |", "Blocks by state", "blocks", "");
         for (name, c) in [
