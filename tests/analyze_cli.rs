@@ -22,9 +22,9 @@ fn analyze(path: &Path) -> Value {
 /// and the multi-GPU ones.
 fn all_fixtures() -> Vec<PathBuf> {
     let mut v = files_in(&fixture("dev"), |n| n.ends_with(".pickle.xz"));
-    v.extend(files_in(&fixture("extra"), |n| n.ends_with(".pickle")));
+    v.extend(files_in(&fixture("extra"), |n| n.ends_with(".pickle.xz")));
     v.extend(files_in(&fixture("multi"), |n| n.ends_with(".pickle")));
-    v.extend(files_in(&fixture("extra2"), |n| n.ends_with(".pickle")));
+    v.extend(files_in(&fixture("extra2"), |n| n.ends_with(".pickle.xz")));
     v
 }
 

@@ -92,7 +92,7 @@ fn folded_sum(text: &str) -> u64 {
 
 #[test]
 fn folded_flamegraph_sums_to_allocated_bytes() {
-    for input in ["dev/s03_loss_history_leak.pickle.xz", "dev/s08_oom.pickle.xz", "extra/x03_inference_cache_leak.pickle"] {
+    for input in ["dev/s03_loss_history_leak.pickle.xz", "dev/s08_oom.pickle.xz", "extra/x03_inference_cache_leak.pickle.xz"] {
         let input = fixture(input);
         let json = memsnap(&["analyze", s(&input), "--json"]).json();
         let dev = &json["devices"][0];

@@ -125,7 +125,7 @@ fn identical_bytes_on_one_and_two_threads() {
             (r.html(), r.svg())
         })
     };
-    for rel in ["dev/s03_loss_history_leak.pickle.xz", "dev/s07_fragmentation.pickle.xz", "extra/x05_clean_lm_stacks_all.pickle"] {
+    for rel in ["dev/s03_loss_history_leak.pickle.xz", "dev/s07_fragmentation.pickle.xz", "extra/x05_clean_lm_stacks_all.pickle.xz"] {
         let one = run(1, rel);
         let two = run(2, rel);
         assert!(one.0 == two.0, "{rel}: HTML differs between 1 and 2 threads");
@@ -184,7 +184,7 @@ fn s03_report_names_retained_graph_at_the_forward_line() {
 
 #[test]
 fn folded_stacks_sum_to_allocated_at_the_peak() {
-    for rel in dev_fixtures().into_iter().chain(["extra/x03_inference_cache_leak.pickle".to_string()]) {
+    for rel in dev_fixtures().into_iter().chain(["extra/x03_inference_cache_leak.pickle.xz".to_string()]) {
         let d = analyzed(&rel);
         for da in &d.analysis.devices {
             let folded = live_folded(&d.snap, &d.analysis.stacks, &da.peak_blocks, false);
