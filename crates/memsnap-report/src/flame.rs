@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use crate::text::{escape, fit, fmt_bytes, fmt_count, fnv1a, hsl, num, pct};
+use crate::text::{escape, fit, fmt_bytes, fmt_count, fnv1a, hsl, num, open_figure, pct};
 
 /// Folded stacks as text: one `outer;…;inner BYTES` line per distinct stack, in the given order
 /// (memsnap sorts them by path), bytes as the sample count.
@@ -201,13 +201,7 @@ pub(crate) fn render(folded: &[(String, u64)], opts: &FlameOptions) -> (String, 
     let height = top + (max_depth + 1) as f64 * opts.frame_height + pad;
 
     let mut s = String::new();
-    let _ = writeln!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="system-ui, -apple-system, 'Segoe UI', Roboto, Helvetica, Arial, sans-serif" class="flamegraph">"#,
-        w = num(opts.width),
-        h = num(height)
-    );
-    let _ = writeln!(s, r##"<rect x="0" y="0" width="{}" height="{}" fill="#ffffff"/>"##, num(opts.width), num(height));
+    open_figure(&mut s, opts.width, height, "flamegraph");
     let mut y = 0.0;
     if !opts.title.is_empty() {
         y += 18.0;

@@ -439,15 +439,7 @@ fn categories_svg(da: &DeviceAnalysis, width: f64) -> String {
     }
     let h = 44.0 + 30.0 + 20.0 * rows.len() as f64 + 4.0;
     let mut s = String::new();
-    let _ = writeln!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{}" viewBox="0 0 {} {}" font-family="system-ui, -apple-system, 'Segoe UI', Roboto, Helvetica, Arial, sans-serif" class="categories">"#,
-        num(width),
-        num(h),
-        num(width),
-        num(h)
-    );
-    let _ = writeln!(s, r##"<rect x="0" y="0" width="{}" height="{}" fill="#ffffff"/>"##, num(width), num(h));
+    text::open_figure(&mut s, width, h, "categories");
     let _ = writeln!(
         s,
         r##"<text x="10" y="18" font-size="15" font-weight="600" fill="#1a1a1a">What the peak is made of, device {}</text>"##,

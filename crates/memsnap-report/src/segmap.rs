@@ -15,7 +15,7 @@ use memsnap_analysis::{attr_label, attribute, Phases, StackTable};
 use memsnap_model::{BlockState, SegmentType, Snapshot};
 use memsnap_replay::{DeviceReplay, MemoryMap, SegmentView};
 
-use crate::text::{escape, fmt_bytes, fmt_count, num, pct};
+use crate::text::{escape, fmt_bytes, fmt_count, num, open_figure, pct};
 
 pub const ALLOCATED_COLOR: &str = "#3b6fb6";
 pub const PENDING_COLOR: &str = "#f4a259";
@@ -272,15 +272,7 @@ pub fn render(m: &SegmentMap, width: f64) -> String {
     let h = head + row_h * m.rows.len() as f64 + foot;
     let largest = m.rows.first().map_or(1, |r| r.size.max(1));
     let mut s = String::new();
-    let _ = writeln!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{}" viewBox="0 0 {} {}" font-family="system-ui, -apple-system, 'Segoe UI', Roboto, Helvetica, Arial, sans-serif" class="segmap">"#,
-        num(width),
-        num(h),
-        num(width),
-        num(h)
-    );
-    let _ = writeln!(s, r##"<rect x="0" y="0" width="{}" height="{}" fill="#ffffff"/>"##, num(width), num(h));
+    open_figure(&mut s, width, h, "segmap");
     let _ = writeln!(
         s,
         r##"<text x="10" y="18" font-size="15" font-weight="600" fill="#1a1a1a">Segments at the {}, device {}</text>"##,

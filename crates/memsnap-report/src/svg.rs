@@ -4,10 +4,9 @@
 
 use std::fmt::Write as _;
 
-use crate::text::{escape, fit, fit_mono, fmt_bytes, fmt_count, num, pct, text_width};
+use crate::text::{escape, fit, fit_mono, fmt_bytes, fmt_count, num, pct, text_width, FONT};
 use crate::{Figure, Report, SuspectView};
 
-const FONT: &str = "system-ui, -apple-system, 'Segoe UI', Roboto, Helvetica, Arial, sans-serif";
 const MONO: &str = "ui-monospace, SFMono-Regular, Menlo, Consolas, monospace";
 
 /// How a run of text looks.

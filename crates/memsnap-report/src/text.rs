@@ -187,6 +187,19 @@ pub fn wrap_with(s: &str, first_px: f64, px: f64, size: f64) -> Vec<String> {
     lines
 }
 
+/// The font stack of every figure.
+pub const FONT: &str = "system-ui, -apple-system, 'Segoe UI', Roboto, Helvetica, Arial, sans-serif";
+
+/// Open a standalone figure: the `<svg>` element, tagged with `class`, and its white background.
+pub fn open_figure(s: &mut String, width: f64, height: f64, class: &str) {
+    let (w, h) = (num(width), num(height));
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="{FONT}" class="{class}">"#
+    );
+    let _ = writeln!(s, r##"<rect x="0" y="0" width="{w}" height="{h}" fill="#ffffff"/>"##);
+}
+
 /// A number for an SVG attribute: at most two decimals, no trailing zeros, never `-0`.
 pub fn num(v: f64) -> String {
     let r = (v * 100.0).round() / 100.0;

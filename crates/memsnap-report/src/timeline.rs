@@ -15,7 +15,7 @@ use memsnap_replay::DeviceReplay;
 use plotters::prelude::*;
 use rayon::prelude::*;
 
-use crate::text::{escape, fmt_bytes, fmt_count, fmt_seconds, num, text_width};
+use crate::text::{escape, fmt_bytes, fmt_count, fmt_seconds, num, open_figure, text_width};
 
 /// Colours of the stacked site areas, bottom first; the rest of allocated memory is grey.
 pub const SITE_COLORS: [&str; 6] = ["#9ecae1", "#fdd49e", "#a1d99b", "#fcbba1", "#c6b8e6", "#f7e08b"];
@@ -557,13 +557,7 @@ pub fn render(t: &Timeline, width: u32) -> String {
     let legend_rows = layout_legend(&legend, width as f64 - 20.0);
     let legend_h = 20.0 * legend_rows.len() as f64 + 8.0;
     let total_h = caption_h + plot_h as f64 + legend_h;
-    let _ = writeln!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{}" viewBox="0 0 {width} {}" font-family="system-ui, -apple-system, 'Segoe UI', Roboto, Helvetica, Arial, sans-serif" class="timeline">"#,
-        num(total_h),
-        num(total_h)
-    );
-    let _ = writeln!(s, r##"<rect x="0" y="0" width="{width}" height="{}" fill="#ffffff"/>"##, num(total_h));
+    open_figure(&mut s, width as f64, total_h, "timeline");
     let _ = writeln!(
         s,
         r##"<text x="10" y="18" font-size="15" font-weight="600" fill="#1a1a1a">Memory over time, device {}</text>"##,
