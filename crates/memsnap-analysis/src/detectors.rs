@@ -126,6 +126,15 @@ enum GroupKey {
     Site(FrameId),
 }
 
+/// What a growth group is found to be: everything of a suspect but its numbers.
+struct Verdict {
+    kind: SuspectKind,
+    site: Option<Site>,
+    stack: Vec<Site>,
+    evidence: String,
+    advice: String,
+}
+
 /// Marks an occurrence number as an evaluation pass index rather than an iteration index.
 const EVAL_PASS: usize = 1 << 40;
 
@@ -333,44 +342,29 @@ fn growth(snap: &Snapshot, stacks: &StackTable, phases: &Phases, d: &DeviceRepla
             if g.eval_bytes * 2 > g.bytes { "pass" } else { "iteration" },
             iter_desc
         );
-        let suspect = match key {
-            GroupKey::Unattributed => Suspect {
+        let verdict = match key {
+            GroupKey::Unattributed => Verdict {
                 kind: SuspectKind::ReferenceLeak,
-                confidence: confidence.min(0.5),
-                device: d.device,
-                bytes: g.bytes,
-                bytes_at_peak: g.bytes_at_peak,
-                growth_bytes_per_iteration: Some(growth),
                 site: None,
                 stack: Vec::new(),
                 evidence: format!("{base}. The trace has no stacks for them, so the line that allocates them cannot be named."),
                 advice: "Record with stacks: `torch.cuda.memory._record_memory_history(max_entries=100000, stacks=\"python\")`, dump again, and memsnap will name the line; meanwhile look for tensors appended to lists or caches every iteration.".into(),
             },
             // Kept gradients come one per parameter: several blocks per step, of parameter sizes.
-            GroupKey::Backward(line) if g.param_sized_bytes * 2 >= g.bytes && g.blocks >= 2 * occ as u64 => Suspect {
+            GroupKey::Backward(line) if g.param_sized_bytes * 2 >= g.bytes && g.blocks >= 2 * occ as u64 => Verdict {
                 kind: SuspectKind::UnreleasedGradient,
-                confidence,
-                device: d.device,
-                bytes: g.bytes,
-                bytes_at_peak: g.bytes_at_peak,
-                growth_bytes_per_iteration: Some(growth),
                 site: line.map(|f| Site::of(snap, f)),
-                stack: line.map(|_| stack.clone()).unwrap_or_default(),
+                stack: line.map(|_| stack).unwrap_or_default(),
                 evidence: format!(
                     "{base}. They were allocated by the autograd engine during {} and have the sizes of parameters: gradients, never released.",
                     attr_label(snap, Attr::Backward(line))
                 ),
                 advice: "Do not keep references to `.grad` tensors (e.g. `{n: p.grad}` in a log): store `p.grad.detach().clone().cpu()` or a norm (`p.grad.norm().item()`), and clear grads with `optimizer.zero_grad(set_to_none=True)` / `param.grad = None` right after `optimizer.step()`.".into(),
             },
-            GroupKey::Backward(line) => Suspect {
+            GroupKey::Backward(line) => Verdict {
                 kind: SuspectKind::ReferenceLeak,
-                confidence,
-                device: d.device,
-                bytes: g.bytes,
-                bytes_at_peak: g.bytes_at_peak,
-                growth_bytes_per_iteration: Some(growth),
                 site: line.map(|f| Site::of(snap, f)),
-                stack: line.map(|_| stack.clone()).unwrap_or_default(),
+                stack: line.map(|_| stack).unwrap_or_default(),
                 evidence: format!(
                     "{base}. They were allocated by the autograd engine during {}, but not with the sizes of parameters: gradients of activations (`grad_output`/`grad_input`) kept from inside the backward pass — typically by a backward hook or `register_hook` callback that stores them.",
                     attr_label(snap, Attr::Backward(line))
@@ -391,13 +385,8 @@ fn growth(snap: &Snapshot, stacks: &StackTable, phases: &Phases, d: &DeviceRepla
                 let outputs = g.output_bytes * 2 > g.bytes;
                 let broad = !outputs && (covered >= 2 && coverage >= 0.5 || covered >= 6 && coverage >= 0.25);
                 if eval && broad {
-                    Suspect {
+                    Verdict {
                         kind: SuspectKind::NoGradMissing,
-                        confidence,
-                        device: d.device,
-                        bytes: g.bytes,
-                        bytes_at_peak: g.bytes_at_peak,
-                        growth_bytes_per_iteration: Some(growth),
                         site: call_site,
                         stack,
                         evidence: format!(
@@ -409,13 +398,8 @@ fn growth(snap: &Snapshot, stacks: &StackTable, phases: &Phases, d: &DeviceRepla
                         advice: "Wrap the whole evaluation loop in `with torch.no_grad():` (or `torch.inference_mode()`), not just the model call, and keep only detached results: `preds.append(out.argmax(-1).detach().cpu())`, `losses.append(loss.item())`.".into(),
                     }
                 } else if broad {
-                    Suspect {
+                    Verdict {
                         kind: SuspectKind::RetainedGraph,
-                        confidence,
-                        device: d.device,
-                        bytes: g.bytes,
-                        bytes_at_peak: g.bytes_at_peak,
-                        growth_bytes_per_iteration: Some(growth),
                         site: call_site,
                         stack,
                         evidence: format!(
@@ -434,13 +418,8 @@ fn growth(snap: &Snapshot, stacks: &StackTable, phases: &Phases, d: &DeviceRepla
                         .unwrap_or((FrameId(u32::MAX), 0));
                     // A kept model output is best fixed where the model is called.
                     let site = if inner.0 == u32::MAX || outputs { call_site } else { Some(Site::of(snap, inner)) };
-                    Suspect {
+                    Verdict {
                         kind: SuspectKind::ReferenceLeak,
-                        confidence,
-                        device: d.device,
-                        bytes: g.bytes,
-                        bytes_at_peak: g.bytes_at_peak,
-                        growth_bytes_per_iteration: Some(growth),
                         site,
                         stack,
                         evidence: format!(
@@ -472,13 +451,8 @@ fn growth(snap: &Snapshot, stacks: &StackTable, phases: &Phases, d: &DeviceRepla
                 } else {
                     "Find what keeps the tensors created at this line alive (a list, dict cache, closure or global) and drop or bound it: `del` the reference, or keep `t.detach().cpu()` / a summary instead of the GPU tensor.".to_string()
                 };
-                Suspect {
+                Verdict {
                     kind,
-                    confidence,
-                    device: d.device,
-                    bytes: g.bytes,
-                    bytes_at_peak: g.bytes_at_peak,
-                    growth_bytes_per_iteration: Some(growth),
                     site: Some(Site::of(snap, site)),
                     stack,
                     evidence,
@@ -486,6 +460,21 @@ fn growth(snap: &Snapshot, stacks: &StackTable, phases: &Phases, d: &DeviceRepla
                 }
             }
         };
+        // Growth without stacks cannot be placed; say so with a capped confidence.
+        let confidence = if key == GroupKey::Unattributed { confidence.min(0.5) } else { confidence };
+        let suspect = Suspect {
+            kind: verdict.kind,
+            confidence,
+            device: d.device,
+            bytes: g.bytes,
+            bytes_at_peak: g.bytes_at_peak,
+            growth_bytes_per_iteration: Some(growth),
+            site: verdict.site,
+            stack: verdict.stack,
+            evidence: verdict.evidence,
+            advice: verdict.advice,
+        };
+
         occurrence_sets.push(g.occurrences.clone());
         out.push(suspect);
     }
