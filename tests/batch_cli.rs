@@ -1,26 +1,13 @@
 //! `memsnap batch`: one row per input file over directories, globs and bad files; exit codes;
 //! JSONL and CSV; byte-identical output for every `--jobs` and memory budget.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
+
+use std::path::Path;
+
+use common::{memsnap, root};
 
 use serde_json::Value;
-
-struct Out {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// Run `memsnap ARGS` in the repository root.
-fn memsnap(args: &[&str]) -> Out {
-    let o = Command::new(env!("CARGO_BIN_EXE_memsnap")).args(args).current_dir(root()).output().expect("run memsnap");
-    Out { code: o.status.code(), stdout: String::from_utf8_lossy(&o.stdout).into(), stderr: String::from_utf8_lossy(&o.stderr).into() }
-}
 
 fn jsonl(text: &str) -> Vec<Value> {
     text.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"))).collect()

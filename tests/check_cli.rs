@@ -1,42 +1,9 @@
 //! `memsnap check`: exit 0 when every gate passes, 1 with one stdout line per failed gate, 2 for
 //! unreadable input or a malformed gate.
 
-use std::io::Write;
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
+mod common;
 
-struct Out {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// Run `memsnap ARGS` in the repository root, feeding `stdin` if given.
-fn memsnap_with(args: &[&str], stdin: Option<&[u8]>) -> Out {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_memsnap"))
-        .args(args)
-        .current_dir(root())
-        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run memsnap");
-    if let Some(input) = stdin {
-        let mut pipe = child.stdin.take().unwrap();
-        let input = input.to_vec();
-        std::thread::spawn(move || pipe.write_all(&input));
-    }
-    let o = child.wait_with_output().unwrap();
-    Out { code: o.status.code(), stdout: String::from_utf8_lossy(&o.stdout).into(), stderr: String::from_utf8_lossy(&o.stderr).into() }
-}
-
-fn memsnap(args: &[&str]) -> Out {
-    memsnap_with(args, None)
-}
+use common::{memsnap, memsnap_in, root, Run};
 
 const ALL_KINDS: [&str; 6] = ["oom", "retained_graph", "no_grad_missing", "unreleased_gradient", "reference_leak", "fragmentation"];
 const RANK0: &str = "fixtures/multi/m02_ddp_rank0.pickle";
@@ -55,7 +22,7 @@ fn suspect_kinds(file: &str) -> Vec<String> {
 }
 
 /// `(args, exit code, failure lines on stdout)`: each case is data.
-fn check(args: &[&str], code: i32, lines: usize) -> Out {
+fn check(args: &[&str], code: i32, lines: usize) -> Run {
     let r = memsnap(args);
     assert_eq!(r.code, Some(code), "{args:?}\nstdout: {}\nstderr: {}", r.stdout, r.stderr);
     assert_eq!(r.stdout.lines().count(), lines, "{args:?}: {}", r.stdout);
@@ -110,7 +77,7 @@ fn each_failed_gate_is_one_line_and_exit_1() {
 #[test]
 fn stdin_is_read_with_dash() {
     let data = std::fs::read(root().join(RANK1)).unwrap();
-    let r = memsnap_with(&["check", "-", "--fail-on", "retained_graph"], Some(&data));
+    let r = memsnap_in(None, &["check", "-", "--fail-on", "retained_graph"], Some(&data));
     assert_eq!(r.code, Some(1), "{}", r.stderr);
     assert!(r.stdout.starts_with("-: fail-on retained_graph found"), "{}", r.stdout);
 }

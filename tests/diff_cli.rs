@@ -1,25 +1,11 @@
 //! `memsnap diff`: the two DDP ranks (devices 0 and 1, matched by position) show rank 1's
 //! planted leak appearing; text and JSON; index matching, identity, and unreadable input.
 
-use std::path::PathBuf;
-use std::process::Command;
+mod common;
+
+use common::memsnap;
 
 use serde_json::Value;
-
-struct Out {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn memsnap(args: &[&str]) -> Out {
-    let o = Command::new(env!("CARGO_BIN_EXE_memsnap")).args(args).current_dir(root()).output().expect("run memsnap");
-    Out { code: o.status.code(), stdout: String::from_utf8_lossy(&o.stdout).into(), stderr: String::from_utf8_lossy(&o.stderr).into() }
-}
 
 fn json(args: &[&str]) -> Value {
     let r = memsnap(args);
