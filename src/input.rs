@@ -135,7 +135,10 @@ pub fn read_input(path: &Path) -> io::Result<(InputBytes, Compression)> {
         if !matches!(first, 0x80 | b'(' | b']' | b'}') {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
-                format!("{} stream does not contain a pickle (first decompressed byte 0x{first:02x})", compression.name()),
+                format!(
+                    "{} stream does not contain a pickle (first decompressed byte 0x{first:02x})",
+                    compression.name()
+                ),
             ));
         }
     }
@@ -144,7 +147,10 @@ pub fn read_input(path: &Path) -> io::Result<(InputBytes, Compression)> {
     if out.len() as u64 > limit {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            format!("{} stream decompresses to more than {limit} bytes (half of this machine's memory, at most 64 GiB)", compression.name()),
+            format!(
+                "{} stream decompresses to more than {limit} bytes (half of this machine's memory, at most 64 GiB)",
+                compression.name()
+            ),
         ));
     }
     Ok((InputBytes::Owned(out), compression))

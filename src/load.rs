@@ -28,8 +28,7 @@ pub enum LoadError {
 
 pub fn load(path: &Path) -> Result<Loaded, LoadError> {
     let shown = path.display().to_string();
-    let (bytes, compression) =
-        read_input(path).map_err(|source| LoadError::Io { path: shown.clone(), source })?;
+    let (bytes, compression) = read_input(path).map_err(|source| LoadError::Io { path: shown.clone(), source })?;
     let data = bytes.as_slice();
     let file_bytes = if path.as_os_str() == "-" {
         data.len() as u64

@@ -93,7 +93,19 @@ mod tests {
 
     #[test]
     fn rejects() {
-        for text in ["", "GiB", ".", "1..5G", "1.5.2G", "-1", "1e9", "1 GiBs", "1 Mbit", "18446744073709551616", "99999999999999999999.999999999999999999P"] {
+        for text in [
+            "",
+            "GiB",
+            ".",
+            "1..5G",
+            "1.5.2G",
+            "-1",
+            "1e9",
+            "1 GiBs",
+            "1 Mbit",
+            "18446744073709551616",
+            "99999999999999999999.999999999999999999P",
+        ] {
             let err = parse(text).expect_err(text);
             assert!(err.contains("invalid size"), "{text}: {err}");
         }

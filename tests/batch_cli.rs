@@ -88,11 +88,15 @@ fn rows_for_every_file_including_unreadable_ones_and_exit_2() {
         assert_eq!(row["schema_version"], 1);
         let path = row["path"].as_str().unwrap();
         // fixtures/hostile/README.md: files named ok_* are valid but adversarial.
-        let readable = path.starts_with("fixtures/dev/") || path.starts_with("fixtures/multi/") || path.contains("/ok_");
+        let readable =
+            path.starts_with("fixtures/dev/") || path.starts_with("fixtures/multi/") || path.contains("/ok_");
         if readable {
             assert!(row["error"].is_null(), "{path}: {}", row["error"]);
             assert!(!row["devices"].as_array().unwrap().is_empty(), "{path}");
-            assert!(row["peak_allocated_bytes"].as_u64().unwrap() >= row["per_device"][0]["allocated_bytes"].as_u64().unwrap());
+            assert!(
+                row["peak_allocated_bytes"].as_u64().unwrap()
+                    >= row["per_device"][0]["allocated_bytes"].as_u64().unwrap()
+            );
             assert!(row["file_bytes"].as_u64().unwrap() > 0);
         } else {
             // Every other hostile file and every bad file of ours is unreadable: an error row that
@@ -128,7 +132,8 @@ fn readable_inputs_exit_0_and_two_ddp_ranks_show_the_odd_one_out() {
     // planted retained_graph is among them, on device 1, at the generator's line.
     let top = r1["top_suspects"].as_array().unwrap();
     assert_eq!(top.len(), r1["suspect_count"].as_u64().unwrap().min(3) as usize);
-    let leak = top.iter().find(|s| s["kind"] == "retained_graph").unwrap_or_else(|| panic!("no retained_graph: {top:?}"));
+    let leak =
+        top.iter().find(|s| s["kind"] == "retained_graph").unwrap_or_else(|| panic!("no retained_graph: {top:?}"));
     assert_eq!(leak["device"], 1);
     assert!(leak["site"]["filename"].as_str().unwrap().ends_with("m02_ddp.py"), "{leak}");
     assert!(r1["caveats"].as_array().unwrap().iter().any(|c| c.as_str().unwrap().contains("trace starts mid-run")));
@@ -142,7 +147,17 @@ fn identical_bytes_for_every_job_count_and_budget() {
         let mut outputs = Vec::new();
         for (jobs, budget) in [("1", None), ("2", None), ("4", None), ("3", Some("1B"))] {
             let path = out.path().join(format!("rows-{jobs}.{ext}"));
-            let mut args = vec!["batch", "fixtures/dev", "fixtures/multi", "fixtures/extra", s(bad.path()), "-o", s(&path), "--jobs", jobs];
+            let mut args = vec![
+                "batch",
+                "fixtures/dev",
+                "fixtures/multi",
+                "fixtures/extra",
+                s(bad.path()),
+                "-o",
+                s(&path),
+                "--jobs",
+                jobs,
+            ];
             if let Some(b) = budget {
                 args.extend(["--max-inflight-bytes", b]);
             }
@@ -225,7 +240,14 @@ fn globs_explicit_files_missing_paths_and_duplicates() {
     // its name; a pattern matching nothing and a missing path are error rows.
     let pattern = "fixtures/multi/m02_*.pickle";
     let notes = bad.path().join("notes.txt");
-    let r = memsnap(&["batch", pattern, s(&notes), "fixtures/multi/nothing*.pickle", "fixtures/no/such.pickle", "fixtures/multi/m02_ddp_rank0.pickle"]);
+    let r = memsnap(&[
+        "batch",
+        pattern,
+        s(&notes),
+        "fixtures/multi/nothing*.pickle",
+        "fixtures/no/such.pickle",
+        "fixtures/multi/m02_ddp_rank0.pickle",
+    ]);
     assert_eq!(r.code, Some(2), "{}", r.stderr);
     let rows = jsonl(&r.stdout);
     let paths: Vec<&str> = rows.iter().map(|r| r["path"].as_str().unwrap()).collect();
@@ -287,7 +309,9 @@ fn shared_dev_snapshots_match_truth() {
         let path = root().join(row["path"].as_str().unwrap());
         let name = path.file_name().unwrap().to_str().unwrap();
         let stem = name.split('.').next().unwrap();
-        let truth: Value = serde_json::from_str(&std::fs::read_to_string(path.with_file_name(format!("{stem}.truth.json"))).unwrap()).unwrap();
+        let truth: Value =
+            serde_json::from_str(&std::fs::read_to_string(path.with_file_name(format!("{stem}.truth.json"))).unwrap())
+                .unwrap();
         assert!(row["error"].is_null(), "{name}: {}", row["error"]);
         assert_eq!(row["allocated_bytes"], truth["at_dump"]["allocated"], "{name}");
         assert_eq!(row["reserved_bytes"], truth["at_dump"]["reserved"], "{name}");

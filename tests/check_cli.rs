@@ -5,7 +5,8 @@ mod common;
 
 use common::{memsnap, memsnap_in, root, Run};
 
-const ALL_KINDS: [&str; 6] = ["oom", "retained_graph", "no_grad_missing", "unreleased_gradient", "reference_leak", "fragmentation"];
+const ALL_KINDS: [&str; 6] =
+    ["oom", "retained_graph", "no_grad_missing", "unreleased_gradient", "reference_leak", "fragmentation"];
 const RANK0: &str = "fixtures/multi/m02_ddp_rank0.pickle";
 const RANK1: &str = "fixtures/multi/m02_ddp_rank1.pickle";
 /// Peak allocated / reserved bytes of rank 1 (torch's max_allocated and the reserved at dump,
@@ -52,11 +53,23 @@ fn each_failed_gate_is_one_line_and_exit_1() {
     assert!(r.stdout.starts_with(&format!("{RANK1}: max-peak failed: device 1 peak allocated")), "{}", r.stdout);
     assert!(r.stdout.contains(&format!("({RANK1_PEAK} bytes) > limit")), "{}", r.stdout);
 
-    let r = check(&["check", RANK1, "--max-peak", "400MiB", "--max-reserved", "500MB", "--fail-on", "retained_graph"], 1, 3);
+    let r = check(
+        &["check", RANK1, "--max-peak", "400MiB", "--max-reserved", "500MB", "--fail-on", "retained_graph"],
+        1,
+        3,
+    );
     let lines: Vec<&str> = r.stdout.lines().collect();
-    assert!(lines[0].contains("max-peak failed") && lines[0].contains("limit 400.00 MiB (419430400 bytes)"), "{}", lines[0]);
+    assert!(
+        lines[0].contains("max-peak failed") && lines[0].contains("limit 400.00 MiB (419430400 bytes)"),
+        "{}",
+        lines[0]
+    );
     assert!(lines[1].contains("max-reserved failed") && lines[1].contains("(500000000 bytes)"), "{}", lines[1]);
-    assert!(lines[2].contains("fail-on retained_graph found: device 1") && lines[2].contains("m02_ddp.py:"), "{}", lines[2]);
+    assert!(
+        lines[2].contains("fail-on retained_graph found: device 1") && lines[2].contains("m02_ddp.py:"),
+        "{}",
+        lines[2]
+    );
     assert!(r.stderr.contains("FAILED (3 failures)"), "{}", r.stderr);
 
     // `leaks` names the four leak kinds (one line per suspect of those kinds; rank 1 has the
@@ -64,7 +77,8 @@ fn each_failed_gate_is_one_line_and_exit_1() {
     let leaks = &ALL_KINDS[1..5];
     let kinds = suspect_kinds(RANK1);
     assert!(kinds.iter().any(|k| k == "retained_graph"), "{kinds:?}");
-    let r = check(&["check", RANK1, "--fail-on", "leaks"], 1, kinds.iter().filter(|k| leaks.contains(&k.as_str())).count());
+    let r =
+        check(&["check", RANK1, "--fail-on", "leaks"], 1, kinds.iter().filter(|k| leaks.contains(&k.as_str())).count());
     assert!(r.stdout.lines().all(|l| l.contains("found: device 1")), "{}", r.stdout);
     assert_eq!(suspect_kinds(RANK0), Vec::<String>::new());
     check(&["check", RANK0, "--fail-on", "leaks"], 0, 0);

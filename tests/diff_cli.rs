@@ -40,7 +40,12 @@ fn ddp_ranks_text_shows_the_leak_appearing() {
     // The other way round the leak vanishes.
     let r = memsnap(&["diff", RANK1, RANK0]);
     assert_eq!(r.code, Some(0));
-    assert_eq!(r.stdout.lines().filter(|l| l.trim_start().starts_with("vanished:")).count(), rank1_suspects, "{}", r.stdout);
+    assert_eq!(
+        r.stdout.lines().filter(|l| l.trim_start().starts_with("vanished:")).count(),
+        rank1_suspects,
+        "{}",
+        r.stdout
+    );
     assert!(!r.stdout.contains("appeared:"));
 }
 
@@ -60,10 +65,16 @@ fn ddp_ranks_json_agrees_with_analyze() {
     let dev = &d["devices"][0];
     assert_eq!((dev["before_device"].as_u64(), dev["after_device"].as_u64()), (Some(0), Some(1)));
     let (b, a) = (&a0["devices"][0], &a1["devices"][0]);
-    for (key, from) in [("peak_allocated_bytes", "peak_allocated_bytes"), ("peak_reserved_bytes", "peak_reserved_bytes")] {
+    for (key, from) in
+        [("peak_allocated_bytes", "peak_allocated_bytes"), ("peak_reserved_bytes", "peak_reserved_bytes")]
+    {
         assert_eq!(dev[key]["before"], b[from], "{key}");
         assert_eq!(dev[key]["after"], a[from], "{key}");
-        assert_eq!(dev[key]["change"].as_i64().unwrap(), a[from].as_i64().unwrap() - b[from].as_i64().unwrap(), "{key}");
+        assert_eq!(
+            dev[key]["change"].as_i64().unwrap(),
+            a[from].as_i64().unwrap() - b[from].as_i64().unwrap(),
+            "{key}"
+        );
     }
     assert_eq!(dev["end_allocated_bytes"]["after"], a["end"]["allocated_bytes"]);
     assert_eq!(dev["end_reserved_bytes"]["before"], b["end"]["reserved_bytes"]);
@@ -79,7 +90,10 @@ fn ddp_ranks_json_agrees_with_analyze() {
     assert!(changes.windows(2).all(|w| w[0].abs() >= w[1].abs()), "{changes:?}");
     for s in sites {
         assert_ne!(s["change"], 0);
-        assert_eq!(s["after_bytes"].as_i64().unwrap() - s["before_bytes"].as_i64().unwrap(), s["change"].as_i64().unwrap());
+        assert_eq!(
+            s["after_bytes"].as_i64().unwrap() - s["before_bytes"].as_i64().unwrap(),
+            s["change"].as_i64().unwrap()
+        );
     }
 
     // The planted leak appears: rank 0 has no suspect, so exactly rank 1's suspects appear, in
@@ -108,7 +122,11 @@ fn same_file_twice_changes_nothing() {
     assert!(persisting.iter().any(|p| p["kind"] == "retained_graph"), "{persisting:?}");
     assert!(persisting.iter().all(|p| p["change"] == 0 && p["before_bytes"] == p["after_bytes"]), "{persisting:?}");
     let r = memsnap(&["diff", RANK1, RANK1]);
-    assert!(r.stdout.contains("Sites at peak: no change") && r.stdout.contains("persisting: retained_graph"), "{}", r.stdout);
+    assert!(
+        r.stdout.contains("Sites at peak: no change") && r.stdout.contains("persisting: retained_graph"),
+        "{}",
+        r.stdout
+    );
 }
 
 #[test]
@@ -117,7 +135,10 @@ fn devices_matched_by_index_when_one_side_is_a_subset() {
     let d = json(&["diff", "--json", PIPELINE, RANK1]);
     assert_eq!(d["device_matching"], "index");
     assert_eq!(d["devices"].as_array().unwrap().len(), 1);
-    assert_eq!((d["devices"][0]["before_device"].as_u64(), d["devices"][0]["after_device"].as_u64()), (Some(1), Some(1)));
+    assert_eq!(
+        (d["devices"][0]["before_device"].as_u64(), d["devices"][0]["after_device"].as_u64()),
+        (Some(1), Some(1))
+    );
     assert_eq!(d["unmatched_devices"]["before"][0]["device"], 0);
     assert!(d["notes"][0].as_str().unwrap().contains("device 0 only in before"), "{}", d["notes"]);
     let r = memsnap(&["diff", PIPELINE, RANK1]);
@@ -127,7 +148,12 @@ fn devices_matched_by_index_when_one_side_is_a_subset() {
 #[test]
 fn compressed_inputs_and_errors() {
     // A leak fixed between two runs: the suspect vanishes and the peak drops.
-    let d = json(&["diff", "--json", "fixtures/dev/s03_loss_history_leak.pickle.xz", "fixtures/dev/s01_clean_train.pickle.xz"]);
+    let d = json(&[
+        "diff",
+        "--json",
+        "fixtures/dev/s03_loss_history_leak.pickle.xz",
+        "fixtures/dev/s01_clean_train.pickle.xz",
+    ]);
     let vanished = d["suspects"]["vanished"].as_array().unwrap();
     assert!(vanished.iter().any(|s| s["kind"] == "retained_graph"), "{vanished:?}");
     assert!(d["devices"][0]["peak_allocated_bytes"]["change"].as_i64().unwrap() < 0);

@@ -10,14 +10,23 @@ use common::{files_in, fixture, memsnap, memsnap_in, Run};
 const EXPECTED: &[(&str, &str)] = &[
     ("empty.pickle", "input: empty file (0 bytes)"),
     ("empty.pickle.gz", "input: empty file (0 bytes)"),
-    ("json_text.pickle", "byte 0: not a pickle: first byte 0x7b is not PROTO or a protocol-0 container (looks like JSON)"),
-    ("torch_save_zip.pt", "byte 0: not a pickle: first byte 0x50 is not PROTO or a protocol-0 container (a zip archive"),
+    (
+        "json_text.pickle",
+        "byte 0: not a pickle: first byte 0x7b is not PROTO or a protocol-0 container (looks like JSON)",
+    ),
+    (
+        "torch_save_zip.pt",
+        "byte 0: not a pickle: first byte 0x50 is not PROTO or a protocol-0 container (a zip archive",
+    ),
     ("truncated_stream.pickle.xz", "xz decompression failed"),
     // Code execution attempts: refused at the opcode, before anything could be imported.
     ("os_system_global_reduce.pickle", "byte 0: not a pickle: first byte 0x63"),
     ("os_system_in_p0_dict.pickle", "pickle error at byte 18 (opcode GLOBAL 0x63): refusing opcode GLOBAL"),
     ("os_system_proto2.pickle", "pickle error at byte 2 (opcode GLOBAL 0x63): refusing opcode GLOBAL"),
-    ("os_system_stack_global.pickle", "pickle error at byte 28 (opcode STACK_GLOBAL 0x93): refusing opcode STACK_GLOBAL"),
+    (
+        "os_system_stack_global.pickle",
+        "pickle error at byte 28 (opcode STACK_GLOBAL 0x93): refusing opcode STACK_GLOBAL",
+    ),
     ("os_system_inside_snapshot.pickle", "pickle error at byte 2285 (opcode STACK_GLOBAL 0x93)"),
     ("inst_os_system.pickle", "pickle error at byte 29 (opcode INST 0x69): refusing opcode INST"),
     ("persid.pickle", "pickle error at byte 2 (opcode PERSID 0x50): refusing opcode PERSID"),
@@ -29,14 +38,32 @@ const EXPECTED: &[(&str, &str)] = &[
     ("deep_tuples_200k.pickle.xz", "$: expected a dict (or a list of segments) at the top, found tuple"),
     ("deep_dicts_200k.pickle.xz", "segments: expected a list, found dict"),
     // Length fields far beyond the input.
-    ("binunicode8_len_2p62.pickle", "pickle error at byte 2 (opcode BINUNICODE8 0x8d): truncated: needs 4611686018427387904 more bytes, 17 left"),
-    ("binbytes8_len_2p62.pickle", "pickle error at byte 2 (opcode BINBYTES8 0x8e): truncated: needs 4611686018427387904 more bytes, 17 left"),
-    ("frame_len_2p62.pickle", "pickle error at byte 2 (opcode FRAME 0x95): truncated: needs 4611686018427387904 more bytes"),
-    ("binunicode_len_4g.pickle", "pickle error at byte 2 (opcode BINUNICODE 0x58): truncated: needs 4294967295 more bytes"),
+    (
+        "binunicode8_len_2p62.pickle",
+        "pickle error at byte 2 (opcode BINUNICODE8 0x8d): truncated: needs 4611686018427387904 more bytes, 17 left",
+    ),
+    (
+        "binbytes8_len_2p62.pickle",
+        "pickle error at byte 2 (opcode BINBYTES8 0x8e): truncated: needs 4611686018427387904 more bytes, 17 left",
+    ),
+    (
+        "frame_len_2p62.pickle",
+        "pickle error at byte 2 (opcode FRAME 0x95): truncated: needs 4611686018427387904 more bytes",
+    ),
+    (
+        "binunicode_len_4g.pickle",
+        "pickle error at byte 2 (opcode BINUNICODE 0x58): truncated: needs 4294967295 more bytes",
+    ),
     ("long4_len_2g.pickle", "pickle error at byte 2 (opcode LONG4 0x8b): truncated: needs 2147483647 more bytes"),
     ("long4_len_negative.pickle", "pickle error at byte 2 (opcode LONG4 0x8b): negative length -1"),
-    ("long4_1000_bytes.pickle", "pickle error at byte 2 (opcode LONG4 0x8b): integer of 1000 bytes is wider than 128 bits"),
-    ("long1_255_bytes.pickle", "pickle error at byte 2 (opcode LONG1 0x8a): integer of 255 bytes is wider than 128 bits"),
+    (
+        "long4_1000_bytes.pickle",
+        "pickle error at byte 2 (opcode LONG4 0x8b): integer of 1000 bytes is wider than 128 bits",
+    ),
+    (
+        "long1_255_bytes.pickle",
+        "pickle error at byte 2 (opcode LONG1 0x8a): integer of 255 bytes is wider than 128 bits",
+    ),
     ("memo_get_missing.pickle", "pickle error at byte 3 (opcode BINGET 0x68): memo key 7 was never stored"),
     ("memo_put_2p32.pickle", "pickle error at byte 3 (opcode LONG_BINPUT 0x72)"),
     ("protocol_6.pickle", "pickle error at byte 0 (opcode PROTO 0x80): unsupported pickle protocol 6"),
@@ -46,7 +73,10 @@ const EXPECTED: &[(&str, &str)] = &[
     ("wrongtype_trace_no_action.pickle", "device_traces[0][3].action: expected str, found nothing (key missing)"),
     ("wrongtype_segments_dict.pickle", "segments: expected a list, found dict"),
     ("wrongtype_block_state.pickle", "segments[2].blocks[0].state: unknown block state \"zombie\""),
-    ("wrongtype_total_size_negative.pickle", "segments[4].total_size: expected a non-negative int below 2^64, found int -2097152"),
+    (
+        "wrongtype_total_size_negative.pickle",
+        "segments[4].total_size: expected a non-negative int below 2^64, found int -2097152",
+    ),
     ("wrongtype_total_size_float.pickle", "segments[0].total_size: expected int, found float"),
     ("wrongtype_frame_line_str.pickle", "segments[1].blocks[2].frames[4].line: expected int, found str \"134\""),
     ("wrongtype_max_split_size_str.pickle", "allocator_settings.max_split_size: expected int, found str \"inf\""),
@@ -99,10 +129,12 @@ fn every_hostile_file_is_refused_with_a_located_message() {
             line.contains(&format!("pickle error at byte {at} (opcode GLOBAL 0x63): refusing opcode GLOBAL"))
         } else if let Some(at) = number_after(name, "bitflip_at_") {
             line.contains(&format!("pickle error at byte {at} (opcode unknown 0x")) && line.contains("unknown opcode")
-        } else if let Some(cut) = number_after(name, "truncated_at_").or_else(|| number_after(name, "truncated_p2_at_")) {
+        } else if let Some(cut) = number_after(name, "truncated_at_").or_else(|| number_after(name, "truncated_p2_at_"))
+        {
             // The error is at the opcode the cut splits, or at the cut itself (no STOP).
             error_offset(&line).is_some_and(|at| at <= cut)
-                && (line.contains("truncated: needs") || line.contains(&format!("at byte {cut}: input ended before the STOP")))
+                && (line.contains("truncated: needs")
+                    || line.contains(&format!("at byte {cut}: input ended before the STOP")))
         } else {
             match EXPECTED.iter().find(|(n, _)| *n == name) {
                 Some((_, want)) => line.contains(want),

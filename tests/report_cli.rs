@@ -64,7 +64,9 @@ fn report_refuses_an_unknown_extension_and_bad_input() {
 #[test]
 fn one_and_two_threads_give_identical_bytes() {
     let dir = tempfile::tempdir().unwrap();
-    for input in ["dev/s03_loss_history_leak.pickle.xz", "dev/s10_streams.pickle.xz", "multi/m01_two_gpu_pipeline.pickle"] {
+    for input in
+        ["dev/s03_loss_history_leak.pickle.xz", "dev/s10_streams.pickle.xz", "multi/m01_two_gpu_pipeline.pickle"]
+    {
         let input = fixture(input);
         for (name, extra) in [
             ("r.html", vec!["report"]),
@@ -92,7 +94,9 @@ fn folded_sum(text: &str) -> u64 {
 
 #[test]
 fn folded_flamegraph_sums_to_allocated_bytes() {
-    for input in ["dev/s03_loss_history_leak.pickle.xz", "dev/s08_oom.pickle.xz", "extra/x03_inference_cache_leak.pickle.xz"] {
+    for input in
+        ["dev/s03_loss_history_leak.pickle.xz", "dev/s08_oom.pickle.xz", "extra/x03_inference_cache_leak.pickle.xz"]
+    {
         let input = fixture(input);
         let json = memsnap(&["analyze", s(&input), "--json"]).json();
         let dev = &json["devices"][0];

@@ -199,7 +199,15 @@ fn legacy_history_blocks_without_trace() {
     let b = base();
     let v = variant("s12_legacy_history.pickle");
     let (bd, vd) = (device0(&b), device0(&v));
-    for k in ["allocated_bytes", "reserved_bytes", "active_bytes", "segment_count", "block_count", "blocks_by_state", "segments_by_pool"] {
+    for k in [
+        "allocated_bytes",
+        "reserved_bytes",
+        "active_bytes",
+        "segment_count",
+        "block_count",
+        "blocks_by_state",
+        "segments_by_pool",
+    ] {
         assert_eq!(vd[k], bd[k], "{k}");
     }
     // requested_size now comes from history[-1].real_size.
@@ -264,7 +272,9 @@ fn unknown_top_level_key_and_trace_action_are_counted() {
     assert_eq!(vd["trace_entries"], 62);
     assert_eq!(vd["trace"]["actions"]["other"], 1);
     assert_eq!(vd["trace"]["last_action"], "other");
-    for k in ["allocated_bytes", "reserved_bytes", "active_bytes", "requested_bytes", "blocks_by_state", "segments_by_pool"] {
+    for k in
+        ["allocated_bytes", "reserved_bytes", "active_bytes", "requested_bytes", "blocks_by_state", "segments_by_pool"]
+    {
         assert_eq!(vd[k], bd[k], "{k}");
     }
 }

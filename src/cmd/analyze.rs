@@ -52,7 +52,6 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-
 fn fmt_bytes(b: u64) -> String {
     memsnap_model::format_bytes(b, 2)
 }
@@ -81,7 +80,9 @@ fn moment_json(m: &Moment, top: usize) -> Value {
         .by_site
         .iter()
         .take(top)
-        .map(|s| json!({"label": s.label, "site": s.site.as_ref().map(site_json), "bytes": s.bytes, "blocks": s.blocks}))
+        .map(
+            |s| json!({"label": s.label, "site": s.site.as_ref().map(site_json), "bytes": s.bytes, "blocks": s.blocks}),
+        )
         .collect();
     if m.by_site.len() > top {
         let rest = &m.by_site[top..];
@@ -175,7 +176,10 @@ fn analysis_text(a: &Analyzed, top: usize) -> String {
         let _ = writeln!(s, "  No suspects: no leak, fragmentation or OOM found.");
     }
     for (i, sp) in suspects.iter().enumerate() {
-        let site = sp.site.as_ref().map_or("(no user frame)".to_string(), |x| format!("{}:{} in {}", x.filename, x.line, x.function));
+        let site = sp
+            .site
+            .as_ref()
+            .map_or("(no user frame)".to_string(), |x| format!("{}:{} in {}", x.filename, x.line, x.function));
         let growth = sp.growth_bytes_per_iteration.map_or(String::new(), |g| format!(", +{}/iteration", fmt_bytes(g)));
         let _ = writeln!(
             s,
@@ -230,7 +234,13 @@ fn analysis_text(a: &Analyzed, top: usize) -> String {
             p.optimizer_steps
         );
         for (title, m) in [("at peak", &da.peak), ("at end", &da.end)] {
-            let _ = writeln!(s, "\n  Allocated {} by site ({} allocated, {} reserved):", title, fmt_bytes(m.allocated), fmt_bytes(m.reserved));
+            let _ = writeln!(
+                s,
+                "\n  Allocated {} by site ({} allocated, {} reserved):",
+                title,
+                fmt_bytes(m.allocated),
+                fmt_bytes(m.reserved)
+            );
             for site in m.by_site.iter().take(top) {
                 let _ = writeln!(s, "    {:>12}  {:>6} blocks  {}", fmt_bytes(site.bytes), site.blocks, site.label);
             }

@@ -287,9 +287,15 @@ fn row_csv(row: &Row) -> String {
 
 /// One input the rows are about, in output order.
 enum Input {
-    File { shown: String, path: PathBuf },
+    File {
+        shown: String,
+        path: PathBuf,
+    },
     /// An argument (or a directory under one) that failed before any file could be read.
-    Error { shown: String, message: String },
+    Error {
+        shown: String,
+        message: String,
+    },
 }
 
 #[derive(Default)]
@@ -307,7 +313,8 @@ struct Discovery {
 /// case-insensitive.
 pub fn is_snapshot_name(name: &str) -> bool {
     let lower = name.to_ascii_lowercase();
-    let base = [".gz", ".gzip", ".zst", ".zstd", ".xz"].iter().find_map(|ext| lower.strip_suffix(ext)).unwrap_or(&lower);
+    let base =
+        [".gz", ".gzip", ".zst", ".zstd", ".xz"].iter().find_map(|ext| lower.strip_suffix(ext)).unwrap_or(&lower);
     base.ends_with(".pickle") || base.ends_with(".pkl")
 }
 
@@ -351,10 +358,11 @@ impl Discovery {
         if !self.walked.insert(key) {
             return;
         }
-        let mut entries: Vec<std::ffi::OsString> = match std::fs::read_dir(dir).and_then(|r| r.map(|e| e.map(|e| e.file_name())).collect()) {
-            Ok(v) => v,
-            Err(e) => return self.add_error(dir, format!("cannot read directory: {e}")),
-        };
+        let mut entries: Vec<std::ffi::OsString> =
+            match std::fs::read_dir(dir).and_then(|r| r.map(|e| e.map(|e| e.file_name())).collect()) {
+                Ok(v) => v,
+                Err(e) => return self.add_error(dir, format!("cannot read directory: {e}")),
+            };
         entries.sort();
         for name in entries {
             let text = name.to_string_lossy();
@@ -382,7 +390,11 @@ impl Discovery {
             return self.add_error(arg, e);
         }
         let pattern = arg.to_string_lossy();
-        let opts = glob::MatchOptions { case_sensitive: true, require_literal_separator: true, require_literal_leading_dot: true };
+        let opts = glob::MatchOptions {
+            case_sensitive: true,
+            require_literal_separator: true,
+            require_literal_leading_dot: true,
+        };
         let paths = match glob::glob_with(&pattern, opts) {
             Ok(p) => p,
             Err(e) => return self.add_error(arg, format!("invalid glob pattern: {e}")),
@@ -498,9 +510,18 @@ fn xz_uncompressed_size(f: &mut File, len: u64) -> Option<u64> {
 /// Memory this process may still use: `MemAvailable`, lowered by a cgroup v2 limit if any.
 fn available_memory() -> Option<u64> {
     let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kib: u64 = meminfo.lines().find_map(|l| l.strip_prefix("MemAvailable:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    let kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
     let mut avail = kib * 1024;
-    let cg = |f: &str| std::fs::read_to_string(format!("/sys/fs/cgroup/{f}")).ok().and_then(|s| s.trim().parse::<u64>().ok());
+    let cg = |f: &str| {
+        std::fs::read_to_string(format!("/sys/fs/cgroup/{f}")).ok().and_then(|s| s.trim().parse::<u64>().ok())
+    };
     if let (Some(max), Some(cur)) = (cg("memory.max"), cg("memory.current")) {
         avail = avail.min(max.saturating_sub(cur));
     }
@@ -551,8 +572,13 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     // On a terminal only, and not when the rows themselves go to the same terminal.
     let rows_on_terminal = to_stdout && io::stdout().is_terminal();
     let progress = if io::stderr().is_terminal() && !rows_on_terminal {
-        let pb = indicatif::ProgressBar::with_draw_target(Some(inputs.len() as u64), indicatif::ProgressDrawTarget::stderr());
-        if let Ok(style) = indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {wide_msg}") {
+        let pb = indicatif::ProgressBar::with_draw_target(
+            Some(inputs.len() as u64),
+            indicatif::ProgressDrawTarget::stderr(),
+        );
+        if let Ok(style) =
+            indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {wide_msg}")
+        {
             pb.set_style(style.progress_chars("=> "));
         }
         pb
@@ -576,7 +602,13 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
                     progress.inc(1);
                 }
                 Input::File { shown, path } => {
-                    let cost = *next_cost.get_or_insert_with(|| if path.as_os_str() == "-" { 0 } else { estimate_pickle_bytes(path) });
+                    let cost = *next_cost.get_or_insert_with(|| {
+                        if path.as_os_str() == "-" {
+                            0
+                        } else {
+                            estimate_pickle_bytes(path)
+                        }
+                    });
                     if running > 0 && (running >= jobs || in_flight.saturating_add(cost) > budget) {
                         break;
                     }
@@ -585,15 +617,21 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
                     in_flight = in_flight.saturating_add(cost);
                     let (tx, index, path, shown, top) = (tx.clone(), next, path.clone(), shown.clone(), args.top);
                     pool.spawn(move || {
-                        let row = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| analyze_row(&path, shown.clone(), top)))
-                            .unwrap_or_else(|panic| {
-                                let what = panic
-                                    .downcast_ref::<&str>()
-                                    .map(|s| s.to_string())
-                                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                                    .unwrap_or_default();
-                                Row { path: shown, file_bytes: None, result: Err(format!("internal error (a bug in memsnap): {what}")) }
-                            });
+                        let row = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            analyze_row(&path, shown.clone(), top)
+                        }))
+                        .unwrap_or_else(|panic| {
+                            let what = panic
+                                .downcast_ref::<&str>()
+                                .map(|s| s.to_string())
+                                .or_else(|| panic.downcast_ref::<String>().cloned())
+                                .unwrap_or_default();
+                            Row {
+                                path: shown,
+                                file_bytes: None,
+                                result: Err(format!("internal error (a bug in memsnap): {what}")),
+                            }
+                        });
                         let _ = tx.send((index, row, cost));
                     });
                 }
@@ -638,7 +676,9 @@ mod tests {
 
     #[test]
     fn snapshot_names() {
-        for yes in ["a.pickle", "a.PKL", "a.pickle.gz", "a.pkl.zst", "a.pickle.xz", "a.pickle.zstd", "snap.rank1.pickle"] {
+        for yes in
+            ["a.pickle", "a.PKL", "a.pickle.gz", "a.pkl.zst", "a.pickle.xz", "a.pickle.zstd", "snap.rank1.pickle"]
+        {
             assert!(is_snapshot_name(yes), "{yes}");
         }
         for no in ["a.json", "a.truth.json", "a.txt", "README.md", "a.pt", "a.pickle.json", "pickle", "a.gz"] {

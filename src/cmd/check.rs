@@ -48,7 +48,10 @@ fn parse_kinds(names: &[String]) -> anyhow::Result<Vec<SuspectKind>> {
                 Some(k) => kinds.push(k),
                 None => {
                     let valid: Vec<&str> = KINDS.iter().map(|k| k.name()).collect();
-                    anyhow::bail!("--fail-on: unknown suspect kind {name:?}; valid kinds: {}, or leaks, all", valid.join(", "));
+                    anyhow::bail!(
+                        "--fail-on: unknown suspect kind {name:?}; valid kinds: {}, or leaks, all",
+                        valid.join(", ")
+                    );
                 }
             },
         }
@@ -68,8 +71,18 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let mut gates = 0;
     let figures = device_figures(&a);
     let limits = [
-        ("max-peak", "peak allocated", args.max_peak, figures.iter().map(|d| (d.device, d.peak_allocated_bytes)).collect::<Vec<_>>()),
-        ("max-reserved", "peak reserved", args.max_reserved, figures.iter().map(|d| (d.device, d.peak_reserved_bytes)).collect()),
+        (
+            "max-peak",
+            "peak allocated",
+            args.max_peak,
+            figures.iter().map(|d| (d.device, d.peak_allocated_bytes)).collect::<Vec<_>>(),
+        ),
+        (
+            "max-reserved",
+            "peak reserved",
+            args.max_reserved,
+            figures.iter().map(|d| (d.device, d.peak_reserved_bytes)).collect(),
+        ),
     ];
     for (gate, what, limit, values) in limits {
         let Some(limit) = limit else { continue };
@@ -86,7 +99,10 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     if !kinds.is_empty() {
         gates += 1;
         for s in a.analysis.suspects().into_iter().filter(|s| kinds.contains(&s.kind)) {
-            let site = s.site.as_ref().map_or("(no user frame)".to_string(), |x| format!("{}:{} in {}", x.filename, x.line, x.function));
+            let site = s
+                .site
+                .as_ref()
+                .map_or("(no user frame)".to_string(), |x| format!("{}:{} in {}", x.filename, x.line, x.function));
             let _ = writeln!(
                 failures,
                 "{shown}: fail-on {} found: device {}, {} at {site} (confidence {:.2})",
@@ -122,7 +138,10 @@ mod tests {
     #[test]
     fn kinds() {
         let names = |v: &[&str]| parse_kinds(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
-        assert_eq!(names(&["oom", " fragmentation", "oom"]).unwrap(), vec![SuspectKind::Oom, SuspectKind::Fragmentation]);
+        assert_eq!(
+            names(&["oom", " fragmentation", "oom"]).unwrap(),
+            vec![SuspectKind::Oom, SuspectKind::Fragmentation]
+        );
         assert_eq!(names(&["leaks"]).unwrap().len(), 4);
         assert_eq!(names(&["all"]).unwrap().len(), KINDS.len());
         let err = names(&["oom", "leak"]).unwrap_err().to_string();

@@ -36,7 +36,10 @@ pub struct Args {
 }
 
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
-    anyhow::ensure!(!(args.before.as_os_str() == "-" && args.after.as_os_str() == "-"), "only one of BEFORE and AFTER can be `-` (stdin)");
+    anyhow::ensure!(
+        !(args.before.as_os_str() == "-" && args.after.as_os_str() == "-"),
+        "only one of BEFORE and AFTER can be `-` (stdin)"
+    );
     // Both files are read at once; an error in BEFORE is reported first whatever finishes first.
     let (before, after) = rayon::join(|| analyze_file(&args.before), || analyze_file(&args.after));
     let (before, after) = (before?, after?);
@@ -119,7 +122,11 @@ struct Diff<'a> {
 }
 
 fn sides(a: &Analyzed) -> Vec<DeviceSide<'_>> {
-    device_figures(a).into_iter().zip(&a.analysis.devices).map(|(figures, analysis)| DeviceSide { figures, analysis }).collect()
+    device_figures(a)
+        .into_iter()
+        .zip(&a.analysis.devices)
+        .map(|(figures, analysis)| DeviceSide { figures, analysis })
+        .collect()
 }
 
 fn compare<'a>(before: &'a Analyzed, after: &'a Analyzed) -> Diff<'a> {
@@ -177,8 +184,10 @@ fn match_suspects<'a>(before: &'a Analyzed, after: &'a Analyzed) -> Vec<SuspectM
 /// Bytes per category (and cached free) at a moment on both sides, in [`Category::ALL`] order.
 fn category_changes(b: &Moment, a: &Moment) -> Vec<(&'static str, &'static str, Change)> {
     let get = |m: &Moment, c: Category| m.by_category.iter().find(|(k, _)| *k == c).map_or(0, |(_, v)| *v);
-    let mut v: Vec<_> =
-        Category::ALL.iter().map(|&c| (c.name(), category_title(c), Change { before: get(b, c), after: get(a, c) })).collect();
+    let mut v: Vec<_> = Category::ALL
+        .iter()
+        .map(|&c| (c.name(), category_title(c), Change { before: get(b, c), after: get(a, c) }))
+        .collect();
     v.push(("cached_free", "cached free", Change { before: b.cached_free, after: a.cached_free }));
     v
 }
@@ -214,10 +223,26 @@ fn site_changes(b: &Moment, a: &Moment) -> Vec<SiteChange> {
 fn totals(p: &DevicePair) -> [(&'static str, &'static str, Change); 4] {
     let (b, a) = (&p.before, &p.after);
     [
-        ("peak_allocated_bytes", "peak allocated", Change { before: b.figures.peak_allocated_bytes, after: a.figures.peak_allocated_bytes }),
-        ("peak_reserved_bytes", "peak reserved", Change { before: b.figures.peak_reserved_bytes, after: a.figures.peak_reserved_bytes }),
-        ("end_allocated_bytes", "end allocated", Change { before: b.analysis.end.allocated, after: a.analysis.end.allocated }),
-        ("end_reserved_bytes", "end reserved", Change { before: b.analysis.end.reserved, after: a.analysis.end.reserved }),
+        (
+            "peak_allocated_bytes",
+            "peak allocated",
+            Change { before: b.figures.peak_allocated_bytes, after: a.figures.peak_allocated_bytes },
+        ),
+        (
+            "peak_reserved_bytes",
+            "peak reserved",
+            Change { before: b.figures.peak_reserved_bytes, after: a.figures.peak_reserved_bytes },
+        ),
+        (
+            "end_allocated_bytes",
+            "end allocated",
+            Change { before: b.analysis.end.allocated, after: a.analysis.end.allocated },
+        ),
+        (
+            "end_reserved_bytes",
+            "end reserved",
+            Change { before: b.analysis.end.reserved, after: a.analysis.end.reserved },
+        ),
     ]
 }
 
@@ -225,8 +250,16 @@ fn notes(d: &Diff) -> Vec<String> {
     let ids = |v: &mut dyn Iterator<Item = u32>| v.map(|i| i.to_string()).collect::<Vec<_>>().join(", ");
     let mut out = Vec::new();
     if d.matching == Matching::Position {
-        let b = ids(&mut d.pairs.iter().map(|p| p.before.figures.device).chain(d.only_before.iter().map(|s| s.figures.device)));
-        let a = ids(&mut d.pairs.iter().map(|p| p.after.figures.device).chain(d.only_after.iter().map(|s| s.figures.device)));
+        let b = ids(&mut d
+            .pairs
+            .iter()
+            .map(|p| p.before.figures.device)
+            .chain(d.only_before.iter().map(|s| s.figures.device)));
+        let a = ids(&mut d
+            .pairs
+            .iter()
+            .map(|p| p.after.figures.device)
+            .chain(d.only_after.iter().map(|s| s.figures.device)));
         out.push(format!(
             "device indices differ (before: {b}; after: {a}); devices are matched by position (e.g. two ranks of one job)"
         ));
@@ -244,7 +277,8 @@ fn site_json(s: &Site) -> Value {
 }
 
 fn moment_json(b: &Moment, a: &Moment) -> Value {
-    let cats: serde_json::Map<String, Value> = category_changes(b, a).into_iter().map(|(name, _, c)| (name.to_string(), c.json())).collect();
+    let cats: serde_json::Map<String, Value> =
+        category_changes(b, a).into_iter().map(|(name, _, c)| (name.to_string(), c.json())).collect();
     let sites: Vec<Value> = site_changes(b, a)
         .into_iter()
         .map(|s| {
@@ -367,9 +401,12 @@ fn diff_text(d: &Diff, before: &Path, after: &Path, top: usize) -> String {
     }
 
     let _ = writeln!(s, "\nSUSPECTS");
-    let appeared: Vec<&Suspect> = d.suspects.iter().filter(|m| m.before.is_empty()).flat_map(|m| m.after.iter().copied()).collect();
-    let vanished: Vec<&Suspect> = d.suspects.iter().filter(|m| m.after.is_empty()).flat_map(|m| m.before.iter().copied()).collect();
-    let persisting: Vec<&SuspectMatch> = d.suspects.iter().filter(|m| !m.before.is_empty() && !m.after.is_empty()).collect();
+    let appeared: Vec<&Suspect> =
+        d.suspects.iter().filter(|m| m.before.is_empty()).flat_map(|m| m.after.iter().copied()).collect();
+    let vanished: Vec<&Suspect> =
+        d.suspects.iter().filter(|m| m.after.is_empty()).flat_map(|m| m.before.iter().copied()).collect();
+    let persisting: Vec<&SuspectMatch> =
+        d.suspects.iter().filter(|m| !m.before.is_empty() && !m.after.is_empty()).collect();
     if appeared.is_empty() && vanished.is_empty() && persisting.is_empty() {
         let _ = writeln!(s, "  none in either file");
     }
@@ -414,7 +451,10 @@ fn diff_text(d: &Diff, before: &Path, after: &Path, top: usize) -> String {
                 percent(c)
             );
         }
-        for (title, b, a) in [("at peak", &p.before.analysis.peak, &p.after.analysis.peak), ("at end", &p.before.analysis.end, &p.after.analysis.end)] {
+        for (title, b, a) in [
+            ("at peak", &p.before.analysis.peak, &p.after.analysis.peak),
+            ("at end", &p.before.analysis.end, &p.after.analysis.end),
+        ] {
             let _ = writeln!(s, "\n  By category {title}:");
             for (_, name, c) in category_changes(b, a) {
                 if c.before == 0 && c.after == 0 {

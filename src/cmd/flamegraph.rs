@@ -51,9 +51,14 @@ fn parse_at(s: &str) -> anyhow::Result<At> {
         "end" => Ok(At::End),
         _ => {
             if let Some(n) = s.strip_prefix("event:") {
-                return n.parse().map(At::Event).map_err(|_| anyhow::anyhow!("--at {s}: expected event:N with N an event index"));
+                return n
+                    .parse()
+                    .map(At::Event)
+                    .map_err(|_| anyhow::anyhow!("--at {s}: expected event:N with N an event index"));
             }
-            s.parse().map(At::Time).map_err(|_| anyhow::anyhow!("--at {s}: expected peak, end, a time in microseconds, or event:N"))
+            s.parse()
+                .map(At::Time)
+                .map_err(|_| anyhow::anyhow!("--at {s}: expected peak, end, a time in microseconds, or event:N"))
         }
     }
 }

@@ -18,7 +18,9 @@ use std::process::ExitCode;
 /// Print an error as one line (the cause chain joined by ": ") and return exit code 2.
 /// A closed pipe (e.g. `memsnap trace f | head`) is not an error.
 pub fn report_error(e: &anyhow::Error) -> ExitCode {
-    if e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)) {
+    if e.chain()
+        .any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe))
+    {
         return ExitCode::SUCCESS;
     }
     let mut line = String::from("memsnap: error: ");

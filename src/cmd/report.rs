@@ -49,7 +49,10 @@ pub fn format_of(output: &Path, format: Option<Format>) -> anyhow::Result<Format
         Some("html" | "htm") => Ok(Format::Html),
         Some("svg") => Ok(Format::Svg),
         _ if output.as_os_str() == "-" => Ok(Format::Html),
-        _ => anyhow::bail!("{}: cannot tell the format from the extension; use .html or .svg, or --format", output.display()),
+        _ => anyhow::bail!(
+            "{}: cannot tell the format from the extension; use .html or .svg, or --format",
+            output.display()
+        ),
     }
 }
 

@@ -55,7 +55,9 @@ pub fn lacks(snap: &Snapshot) -> Vec<String> {
         }
     }
     if snap.source.has_cpp_frames {
-        out.push("C++ stacks present (stacks=\"all\"): native frames are shown but never named as the user's site".into());
+        out.push(
+            "C++ stacks present (stacks=\"all\"): native frames are shown but never named as the user's site".into(),
+        );
     }
     if snap.source.legacy_history {
         out.push("legacy format (torch <= 2.0): block history instead of frames".into());
@@ -64,7 +66,10 @@ pub fn lacks(snap: &Snapshot) -> Vec<String> {
         out.push("bare list of segments: no trace, no settings".into());
     }
     if snap.source.derived_addresses > 0 {
-        out.push(format!("{} blocks had no address; derived from segment address + sizes", snap.source.derived_addresses));
+        out.push(format!(
+            "{} blocks had no address; derived from segment address + sizes",
+            snap.source.derived_addresses
+        ));
     }
     out
 }

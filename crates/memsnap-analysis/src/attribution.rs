@@ -82,7 +82,13 @@ pub fn attribute(events: &[TraceEvent], phases: &Phases, stacks: &StackTable, b:
 }
 
 /// The category of a block allocated at `a` that is live at `t`.
-pub fn categorize(events: &[TraceEvent], phases: &Phases, stacks: &StackTable, b: &BlockLifetime, attr: Attr) -> Category {
+pub fn categorize(
+    events: &[TraceEvent],
+    phases: &Phases,
+    stacks: &StackTable,
+    b: &BlockLifetime,
+    attr: Attr,
+) -> Category {
     let Some(a) = b.alloc_event else { return Category::PreTrace };
     let freed = b.free_requested_event.or(b.free_completed_event);
     match attr {

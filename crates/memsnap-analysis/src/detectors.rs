@@ -56,7 +56,10 @@ impl SuspectKind {
     pub fn is_leak(self) -> bool {
         matches!(
             self,
-            SuspectKind::RetainedGraph | SuspectKind::NoGradMissing | SuspectKind::UnreleasedGradient | SuspectKind::ReferenceLeak
+            SuspectKind::RetainedGraph
+                | SuspectKind::NoGradMissing
+                | SuspectKind::UnreleasedGradient
+                | SuspectKind::ReferenceLeak
         )
     }
 }
@@ -162,7 +165,13 @@ struct Group {
     per_occurrence: BTreeMap<usize, u64>,
 }
 
-fn growth(snap: &Snapshot, stacks: &StackTable, phases: &Phases, d: &DeviceReplay, events: &[TraceEvent]) -> Vec<Suspect> {
+fn growth(
+    snap: &Snapshot,
+    stacks: &StackTable,
+    phases: &Phases,
+    d: &DeviceReplay,
+    events: &[TraceEvent],
+) -> Vec<Suspect> {
     let n_iter = phases.iteration_count();
     if n_iter < 3 || events.is_empty() {
         return Vec::new();
@@ -265,7 +274,11 @@ fn growth(snap: &Snapshot, stacks: &StackTable, phases: &Phases, d: &DeviceRepla
             // An operation is identified by its frame and the model line that called it (every
             // Linear layer allocates at the same line of torch/nn/modules/linear.py).
             let last = f.last_alloc.map(|la| stacks.get(events[la as usize].stack));
-            if last.is_some_and(|l| l.innermost_python.is_some() && l.innermost_python == info.innermost_python && l.module_call == info.module_call) {
+            if last.is_some_and(|l| {
+                l.innermost_python.is_some()
+                    && l.innermost_python == info.innermost_python
+                    && l.module_call == info.module_call
+            }) {
                 g.output_bytes += b.size;
             }
         }
@@ -298,7 +311,10 @@ fn growth(snap: &Snapshot, stacks: &StackTable, phases: &Phases, d: &DeviceRepla
             phases.iteration_line.map_or("?".to_string(), |f| Site::of(snap, f).short())
         ),
         crate::IterationSource::Annotation => {
-            format!("iterations are delimited by the annotation {:?}", phases.iteration_annotation.as_deref().unwrap_or(""))
+            format!(
+                "iterations are delimited by the annotation {:?}",
+                phases.iteration_annotation.as_deref().unwrap_or("")
+            )
         }
         crate::IterationSource::None => String::new(),
     };
@@ -490,7 +506,9 @@ fn merge_into_retained_graph(mut out: Vec<Suspect>, occ: &[BTreeSet<usize>]) -> 
     // Graph suspects, largest first: a retained graph absorbs other lines' retained loss
     // tensors and kept inputs; a missing no_grad absorbs the inputs and metrics its passes keep.
     let mut mains: Vec<usize> = (0..out.len())
-        .filter(|&i| matches!(out[i].kind, SuspectKind::RetainedGraph | SuspectKind::NoGradMissing) && !occ[i].is_empty())
+        .filter(|&i| {
+            matches!(out[i].kind, SuspectKind::RetainedGraph | SuspectKind::NoGradMissing) && !occ[i].is_empty()
+        })
         .collect();
     mains.sort_by(|&a, &b| out[b].bytes.cmp(&out[a].bytes).then(a.cmp(&b)));
     for main in mains {
@@ -502,11 +520,18 @@ fn merge_into_retained_graph(mut out: Vec<Suspect>, occ: &[BTreeSet<usize>]) -> 
             // Survivors from the same steps (one stray occurrence allowed: the last batch of a
             // loop often stays referenced by its loop variable).
             let outside = occ[i].difference(&occ[main]).count();
-            if i == main || !keep[i] || occ[i].is_empty() || outside > (occ[i].len() / 5).max(1) || outside == occ[i].len() {
+            if i == main
+                || !keep[i]
+                || occ[i].is_empty()
+                || outside > (occ[i].len() / 5).max(1)
+                || outside == occ[i].len()
+            {
                 continue;
             }
             let absorbs = match out[main].kind {
-                SuspectKind::RetainedGraph => matches!(out[i].kind, SuspectKind::RetainedGraph | SuspectKind::ReferenceLeak),
+                SuspectKind::RetainedGraph => {
+                    matches!(out[i].kind, SuspectKind::RetainedGraph | SuspectKind::ReferenceLeak)
+                }
                 _ => out[i].kind == SuspectKind::ReferenceLeak,
             };
             if absorbs {
@@ -635,7 +660,9 @@ fn grads_through_eval(
     let at_peak: u64 = d
         .blocks
         .iter()
-        .filter(|b| b.alloc_event.is_some_and(|a| a < w.start) && b.state_after(Some(w.start)) == Some(BlockState::Allocated))
+        .filter(|b| {
+            b.alloc_event.is_some_and(|a| a < w.start) && b.state_after(Some(w.start)) == Some(BlockState::Allocated)
+        })
         .filter(|b| b.state_after(peak_t) == Some(BlockState::Allocated) && param_sizes.contains(&b.size))
         .filter(|b| matches!(attribute(events, phases, stacks, b).0, Attr::Backward(_)))
         .map(|b| b.size)
@@ -714,13 +741,25 @@ fn oom(snap: &Snapshot, stacks: &StackTable, phases: &Phases, d: &DeviceReplay, 
     let Some(&first) = ooms.first() else { return Vec::new() };
     // Report the last OOM raised under the user's code (frameless ones are usually internal
     // requests the library retries, e.g. cuDNN workspaces); else the last OOM.
-    let i = ooms.iter().rev().copied().find(|&k| stacks.get(events[k].stack).site.is_some()).unwrap_or(*ooms.last().unwrap_or(&first));
+    let i = ooms
+        .iter()
+        .rev()
+        .copied()
+        .find(|&k| stacks.get(events[k].stack).site.is_some())
+        .unwrap_or(*ooms.last().unwrap_or(&first));
     let e = &events[i];
     let before = if i == 0 { None } else { Some(i - 1) };
     let totals = d.series.after(before);
     let cached_free = totals.reserved.saturating_sub(totals.allocated);
     let map = d.state_after(before);
-    let largest_free = map.segments.iter().flat_map(|s| s.blocks.iter()).filter(|b| b.state == BlockState::Inactive).map(|b| b.size).max().unwrap_or(0);
+    let largest_free = map
+        .segments
+        .iter()
+        .flat_map(|s| s.blocks.iter())
+        .filter(|b| b.state == BlockState::Inactive)
+        .map(|b| b.size)
+        .max()
+        .unwrap_or(0);
     // Who held memory: top sites of live blocks at that moment.
     let t = before.map(|x| x as u32);
     let mut by: BTreeMap<Attr, u64> = BTreeMap::new();
@@ -729,30 +768,35 @@ fn oom(snap: &Snapshot, stacks: &StackTable, phases: &Phases, d: &DeviceReplay, 
     }
     let mut top: Vec<(Attr, u64)> = by.into_iter().collect();
     top.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-    let holders: Vec<String> = top.iter().take(3).map(|(a, b)| format!("{} {}", fmt_bytes(*b), attr_label(snap, *a))).collect();
+    let holders: Vec<String> =
+        top.iter().take(3).map(|(a, b)| format!("{} {}", fmt_bytes(*b), attr_label(snap, *a))).collect();
     // The line that asked: the OOM's own stack, else the last framed event before it.
     let stack = if e.stack != StackId::EMPTY {
         e.stack
     } else {
-        events[..i].iter().rev().take(10_000).find(|x| stacks.get(x.stack).site.is_some()).map_or(StackId::EMPTY, |x| x.stack)
+        events[..i]
+            .iter()
+            .rev()
+            .take(10_000)
+            .find(|x| stacks.get(x.stack).site.is_some())
+            .map_or(StackId::EMPTY, |x| x.stack)
     };
     // Inside a model, the line that ran the model is the actionable one; the frames below it
     // are in the stack.
     let info = stacks.get(stack);
     let site = info.forward_call.or(info.site).map(|f| Site::of(snap, f));
-    let chain: Vec<String> = snap
-        .stack(stack)
-        .frames
-        .iter()
-        .filter(|f| stacks.is_user(**f))
-        .map(|&f| Site::of(snap, f).short())
-        .collect();
+    let chain: Vec<String> =
+        snap.stack(stack).frames.iter().filter(|f| stacks.is_user(**f)).map(|&f| Site::of(snap, f).short()).collect();
     let requested = e.size;
     let device_free = e.device_free();
     let cause = if largest_free >= requested {
         "a free cached block was large enough, so this is unexpected (the allocator may have been limited by another stream or pool)".to_string()
     } else if cached_free >= requested {
-        format!("{} was cached free but the largest free block was only {}: fragmentation", fmt_bytes(cached_free), fmt_bytes(largest_free))
+        format!(
+            "{} was cached free but the largest free block was only {}: fragmentation",
+            fmt_bytes(cached_free),
+            fmt_bytes(largest_free)
+        )
     } else if device_free >= requested {
         format!(
             "the device itself still had {} free, so a per-process limit (`torch.cuda.set_per_process_memory_fraction`) or memory held outside this allocator stopped it",

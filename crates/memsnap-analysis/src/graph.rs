@@ -19,7 +19,10 @@ use crate::stacks::StackTable;
 /// A node of the memory graph.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Node {
-    Block { address: u64, size: u64 },
+    Block {
+        address: u64,
+        size: u64,
+    },
     /// The stack that allocated (for frameless backward blocks: the stack that launched the
     /// backward pass).
     Stack(StackId),
@@ -87,7 +90,11 @@ impl MemoryGraph {
     }
 
     fn synthetic_child(&mut self, parent: NodeIndex, name: &'static str) -> NodeIndex {
-        if let Some(e) = self.graph.edges_directed(parent, Direction::Incoming).find(|e| self.graph[e.source()] == Node::Synthetic(name)) {
+        if let Some(e) = self
+            .graph
+            .edges_directed(parent, Direction::Incoming)
+            .find(|e| self.graph[e.source()] == Node::Synthetic(name))
+        {
             return e.source();
         }
         let n = self.graph.add_node(Node::Synthetic(name));

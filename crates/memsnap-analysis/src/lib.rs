@@ -111,7 +111,13 @@ fn live_at(d: &DeviceReplay, t: Option<u32>) -> impl Iterator<Item = &memsnap_re
 }
 
 /// The moment after event `t`: bytes by site and category.
-pub fn moment(snap: &Snapshot, stacks: &StackTable, phases: &Phases, d: &DeviceReplay, t: Option<u32>) -> (Moment, Vec<LiveBlock>) {
+pub fn moment(
+    snap: &Snapshot,
+    stacks: &StackTable,
+    phases: &Phases,
+    d: &DeviceReplay,
+    t: Option<u32>,
+) -> (Moment, Vec<LiveBlock>) {
     let events = snap.trace(d.device).map_or(&[][..], |tr| &tr.events[..]);
     let totals = d.series.after(t.map(|i| i as usize));
     let mut by_attr: BTreeMap<Attr, (u64, u64)> = BTreeMap::new();
@@ -159,14 +165,12 @@ fn analyze_device(snap: &Snapshot, stacks: &StackTable, d: &DeviceReplay) -> Dev
     let peak_t = d.peaks.allocated.event_index.map(|i| i as u32);
     let end_t = if events.is_empty() { None } else { Some(events.len() as u32 - 1) };
     let (peak, peak_blocks) = moment(snap, stacks, &phases, d, peak_t);
-    let (end, end_blocks) = if events.is_empty() {
-        (peak.clone(), peak_blocks.clone())
-    } else {
-        moment(snap, stacks, &phases, d, end_t)
-    };
+    let (end, end_blocks) =
+        if events.is_empty() { (peak.clone(), peak_blocks.clone()) } else { moment(snap, stacks, &phases, d, end_t) };
     let mut caveats = Vec::new();
     if events.is_empty() {
-        caveats.push("no trace for this device: only the dump-time state is known, no leak can be measured".to_string());
+        caveats
+            .push("no trace for this device: only the dump-time state is known, no leak can be measured".to_string());
     } else {
         if !d.start.trace_complete {
             caveats.push(format!(
@@ -181,7 +185,8 @@ fn analyze_device(snap: &Snapshot, stacks: &StackTable, d: &DeviceReplay) -> Dev
         if phases.boundaries.len() < 2 {
             caveats.push("no repeating iterations found (no repeated backward or forward call): growth per iteration cannot be measured".to_string());
         }
-        let backward_bytes: u64 = peak.by_site.iter().filter(|s| matches!(s.attr, Attr::Backward(_))).map(|s| s.bytes).sum();
+        let backward_bytes: u64 =
+            peak.by_site.iter().filter(|s| matches!(s.attr, Attr::Backward(_))).map(|s| s.bytes).sum();
         if backward_bytes > 0 {
             caveats.push(format!(
                 "{backward_bytes} bytes at the peak were allocated by the autograd engine without Python frames; they are attributed to the .backward() line that launched them"
@@ -206,14 +211,5 @@ fn analyze_device(snap: &Snapshot, stacks: &StackTable, d: &DeviceReplay) -> Dev
         eval_windows: phases.eval_windows.clone(),
         optimizer_steps: phases.optimizer_steps.len(),
     };
-    DeviceAnalysis {
-        device: d.device,
-        suspects,
-        peak,
-        end,
-        phases: phase_summary,
-        caveats,
-        peak_blocks,
-        end_blocks,
-    }
+    DeviceAnalysis { device: d.device, suspects, peak, end, phases: phase_summary, caveats, peak_blocks, end_blocks }
 }

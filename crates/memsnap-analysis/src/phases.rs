@@ -150,8 +150,12 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
                         forwards.push(f);
                     }
                     let last_alloc = (e.action == Action::Alloc).then_some(i);
-                    open_forward =
-                        Some(ForwardPass { span: Span { start: i, end: i + 1 }, call_site: info.forward_call, trained: false, last_alloc });
+                    open_forward = Some(ForwardPass {
+                        span: Span { start: i, end: i + 1 },
+                        call_site: info.forward_call,
+                        trained: false,
+                        last_alloc,
+                    });
                 }
             }
         } else if e.action == Action::Alloc {

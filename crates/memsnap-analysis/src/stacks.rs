@@ -41,8 +41,7 @@ pub struct StackTable {
 
 impl StackTable {
     pub fn new(snap: &Snapshot) -> StackTable {
-        let frame_kinds: Vec<FrameKind> =
-            snap.frames.iter().map(|f| classify_filename(snap.str(f.filename))).collect();
+        let frame_kinds: Vec<FrameKind> = snap.frames.iter().map(|f| classify_filename(snap.str(f.filename))).collect();
         let infos = snap.stacks.iter().map(|s| info(snap, &frame_kinds, &s.frames)).collect();
         StackTable { infos, frame_kinds }
     }
@@ -85,7 +84,8 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], frames: &[FrameId]) -> StackInfo {
         if kind == FrameKind::Native {
             continue;
         }
-        if file.contains("torch/autograd/") && (name == "_make_grads" || name == "backward" || name == "_engine_run_backward")
+        if file.contains("torch/autograd/")
+            && (name == "_make_grads" || name == "backward" || name == "_engine_run_backward")
             || file.ends_with("torch/_tensor.py") && name == "backward"
         {
             s.backward_launch = true;
@@ -101,7 +101,8 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], frames: &[FrameId]) -> StackInfo {
             }
         }
         let lname = name.to_ascii_lowercase();
-        if file.contains("torch/nn/functional.py") && (lname.contains("loss") || lname.contains("entropy") || lname == "nll_loss")
+        if file.contains("torch/nn/functional.py")
+            && (lname.contains("loss") || lname.contains("entropy") || lname == "nll_loss")
             || file.contains("torch/nn/modules/loss.py")
         {
             s.loss = true;

@@ -252,24 +252,23 @@ impl Builder {
 
 /// Key codes in discriminant order, to decode the cache.
 const KEYS: [Key; 14] = [
-            Key::Action,
-            Key::Addr,
-            Key::Size,
-            Key::Stream,
-            Key::TimeUs,
-            Key::Frames,
-            Key::CompileContext,
-            Key::UserMetadata,
-            Key::DeviceFree,
-            Key::PoolId,
-            Key::Filename,
-            Key::Line,
-            Key::Name,
-            Key::Other,
+    Key::Action,
+    Key::Addr,
+    Key::Size,
+    Key::Stream,
+    Key::TimeUs,
+    Key::Frames,
+    Key::CompileContext,
+    Key::UserMetadata,
+    Key::DeviceFree,
+    Key::PoolId,
+    Key::Filename,
+    Key::Line,
+    Key::Name,
+    Key::Other,
 ];
 
 impl Builder {
-
     fn text(&mut self, heap: &Heap<'_>, v: Value, key: &str) -> Result<StrId, FieldError> {
         match v {
             Value::Str(s) => Ok(self.heap_str_id(heap, s)),
@@ -414,9 +413,7 @@ impl Builder {
                 Key::Addr => ev.addr = as_u64(heap, v, "addr")?,
                 Key::Size => ev.size = as_u64(heap, v, "size")?,
                 Key::Stream => ev.stream = as_stream(heap, v, "stream")?,
-                Key::TimeUs => {
-                    ev.time_us = if v == Value::None { NO_TIME } else { as_i64(heap, v, "time_us")? }
-                }
+                Key::TimeUs => ev.time_us = if v == Value::None { NO_TIME } else { as_i64(heap, v, "time_us")? },
                 Key::Frames => {
                     ev.stack = self.stack(heap, v)?;
                     if let Value::List(l) = v {
@@ -476,18 +473,25 @@ impl Builder {
         let budget = stats.opcodes.saturating_mul(2).saturating_add(1 << 16);
         let mut conv = Converter { b: &mut self, heap: &heap, source: &mut snap.source, budget };
         match root {
-            Value::Dict(d) => conv.top_dict(d, &mut snap.segments, &mut snap.traces, &mut snap.settings, &mut snap.annotations)?,
+            Value::Dict(d) => {
+                conv.top_dict(d, &mut snap.segments, &mut snap.traces, &mut snap.settings, &mut snap.annotations)?
+            }
             Value::List(_) => {
                 conv.source.bare_segment_list = true;
                 snap.segments = conv.segments(root, "$")?;
             }
             other => {
-                return Err(shape("$", format!("expected a dict (or a list of segments) at the top, found {}", describe(&heap, other))));
+                return Err(shape(
+                    "$",
+                    format!("expected a dict (or a list of segments) at the top, found {}", describe(&heap, other)),
+                ));
             }
         }
         // Events that were compacted but never reached a device trace (e.g. a list of
         // action dicts under an unknown key) are simply dropped with the builder.
-        let Builder { strings, frames, stacks, unknown_keys, unknown_actions, has_cpp_frames, events_with_frames, .. } = self;
+        let Builder {
+            strings, frames, stacks, unknown_keys, unknown_actions, has_cpp_frames, events_with_frames, ..
+        } = self;
         snap.strings = strings;
         snap.frames = frames;
         snap.stacks = stacks;
@@ -575,11 +579,8 @@ impl Converter<'_, '_, '_> {
     }
 
     fn seq(&self, v: Value, path: &str) -> Result<usize, ReadError> {
-        self.heap
-            .seq_len(v)
-            .ok_or_else(|| shape(path, format!("expected a list, found {}", describe(self.heap, v))))
+        self.heap.seq_len(v).ok_or_else(|| shape(path, format!("expected a list, found {}", describe(self.heap, v))))
     }
-
 
     fn top_dict(
         &mut self,

@@ -311,8 +311,15 @@ pub enum FrameKind {
 /// standard library (`/lib/pythonX.Y/`) or `<frozen …>`/`<…>` is library; the rest is user code.
 pub fn classify_filename(filename: &str) -> FrameKind {
     let f = filename;
-    if f.is_empty() || f == "??" || f.ends_with(".cpp") || f.ends_with(".h") || f.ends_with(".cu")
-        || f.ends_with(".cc") || f.ends_with(".hpp") || f.ends_with(".cuh") || f.contains(".so")
+    if f.is_empty()
+        || f == "??"
+        || f.ends_with(".cpp")
+        || f.ends_with(".h")
+        || f.ends_with(".cu")
+        || f.ends_with(".cc")
+        || f.ends_with(".hpp")
+        || f.ends_with(".cuh")
+        || f.contains(".so")
     {
         return FrameKind::Native;
     }
@@ -339,8 +346,16 @@ fn is_stdlib_path(f: &str) -> bool {
     }
     // A source checkout of PyTorch (editable install) is still not the user's code.
     const TORCH_DIRS: [&str; 10] = [
-        "/torch/nn/", "/torch/autograd/", "/torch/optim/", "/torch/utils/", "/torch/cuda/",
-        "/torch/_", "/torch/distributed/", "/torch/amp/", "/torch/functional.py", "/torch/fx/",
+        "/torch/nn/",
+        "/torch/autograd/",
+        "/torch/optim/",
+        "/torch/utils/",
+        "/torch/cuda/",
+        "/torch/_",
+        "/torch/distributed/",
+        "/torch/amp/",
+        "/torch/functional.py",
+        "/torch/fx/",
     ];
     TORCH_DIRS.iter().any(|d| f.contains(d))
 }

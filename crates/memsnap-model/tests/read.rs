@@ -151,7 +151,8 @@ fn bare_segment_list() {
 fn active_awaiting_free_is_pending_free() {
     let b = base();
     let s = variant("s12_awaiting_free.pickle");
-    let pending: Vec<_> = s.segments.iter().flat_map(|g| &g.blocks).filter(|x| x.state == BlockState::PendingFree).collect();
+    let pending: Vec<_> =
+        s.segments.iter().flat_map(|g| &g.blocks).filter(|x| x.state == BlockState::PendingFree).collect();
     assert_eq!(pending.len(), 3);
     let (tb, ts) = (&b.device_totals()[0], &s.device_totals()[0]);
     assert_eq!(ts.allocated_bytes, tb.allocated_bytes - pending.iter().map(|x| x.size).sum::<u64>());
@@ -329,7 +330,11 @@ fn legacy_history_errors_name_the_history_entry() {
         let PV::Dict(d) = b else { panic!() };
         d.remove(&HV::String("frames".into()));
         d.remove(&HV::String("requested_size".into()));
-        set(b, "history", PV::List(vec![dict(vec![("addr", int(0)), ("real_size", st("x")), ("frames", PV::List(vec![]))])]));
+        set(
+            b,
+            "history",
+            PV::List(vec![dict(vec![("addr", int(0)), ("real_size", st("x")), ("frames", PV::List(vec![]))])]),
+        );
     });
     assert_eq!(error_of(&bytes), "segments[0].blocks[0].history[0].real_size: expected int, found str \"x\"");
     let bytes = small(|t| {
@@ -345,7 +350,9 @@ fn legacy_history_errors_name_the_history_entry() {
 fn not_a_snapshot() {
     assert!(error_of(b"").contains("empty file"));
     assert!(error_of(b"{\"segments\": []}").contains("looks like JSON"));
-    assert!(error_of(b"\x80\x04K\x05.").starts_with("$: expected a dict (or a list of segments) at the top, found int 5"));
+    assert!(
+        error_of(b"\x80\x04K\x05.").starts_with("$: expected a dict (or a list of segments) at the top, found int 5")
+    );
     match read_snapshot(b"\x80\x04\x8c\x02os\x8c\x06system\x93.") {
         Err(ReadError::Pickle(e)) => {
             assert_eq!((e.offset, e.opcode), (14, Some(0x93)));
@@ -358,16 +365,27 @@ fn not_a_snapshot() {
 fn addresses_up_to_2_pow_64() {
     // 9-byte LONG1 values (2^63 and above) appear in old files; 2^64 is out of range.
     let bytes = small(|t| {
-        let big = serde_pickle::value_from_slice(b"\x80\x02\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x80\x00.", Default::default()).unwrap();
+        let big = serde_pickle::value_from_slice(
+            b"\x80\x02\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x80\x00.",
+            Default::default(),
+        )
+        .unwrap();
         set(at(get(t, "segments"), 0), "address", big);
     });
     let s = read_snapshot(&bytes).unwrap();
     assert_eq!(s.segments[0].address, 1u64 << 63);
     let bytes = small(|t| {
-        let big = serde_pickle::value_from_slice(b"\x80\x02\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x00\x01.", Default::default()).unwrap();
+        let big = serde_pickle::value_from_slice(
+            b"\x80\x02\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x00\x01.",
+            Default::default(),
+        )
+        .unwrap();
         set(at(get(t, "segments"), 0), "address", big);
     });
-    assert_eq!(error_of(&bytes), "segments[0].address: expected a non-negative int below 2^64, found int 18446744073709551616");
+    assert_eq!(
+        error_of(&bytes),
+        "segments[0].address: expected a non-negative int below 2^64, found int 18446744073709551616"
+    );
 }
 
 // ------------------------------------------------------------------------------------------

@@ -5,7 +5,10 @@ use std::fmt;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ErrorKind {
     /// The input ended inside an opcode or argument.
-    Truncated { needed: u64, available: u64 },
+    Truncated {
+        needed: u64,
+        available: u64,
+    },
     /// The input ended before `STOP`.
     MissingStop,
     UnknownOpcode,
@@ -17,9 +20,14 @@ pub enum ErrorKind {
     OddSetItems,
     BadMemoKey(u64),
     NegativeLength(i64),
-    IntTooLarge { bytes: u64 },
+    IntTooLarge {
+        bytes: u64,
+    },
     BadText(&'static str),
-    WrongType { expected: &'static str, found: &'static str },
+    WrongType {
+        expected: &'static str,
+        found: &'static str,
+    },
     TooDeep(usize),
     /// An append to a list that a compactor had already absorbed into a record.
     FrozenList,
@@ -65,7 +73,14 @@ impl fmt::Display for ErrorKind {
 impl fmt::Display for PickleError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.opcode {
-            Some(op) => write!(f, "pickle error at byte {} (opcode {} 0x{:02x}): {}", self.offset, opcode_name(op), op, self.kind),
+            Some(op) => write!(
+                f,
+                "pickle error at byte {} (opcode {} 0x{:02x}): {}",
+                self.offset,
+                opcode_name(op),
+                op,
+                self.kind
+            ),
             None => write!(f, "pickle error at byte {}: {}", self.offset, self.kind),
         }
     }

@@ -49,7 +49,10 @@ impl Value {
 #[derive(Clone, Debug)]
 pub enum ListStore {
     Values(ThinVec<Value>),
-    Records { start: u32, len: u32 },
+    Records {
+        start: u32,
+        len: u32,
+    },
     /// A list a compactor absorbed (its elements are gone); the token is the compactor's own.
     Frozen(u32),
 }
@@ -74,9 +77,7 @@ impl ListStore {
     pub fn get(&self, i: usize) -> Option<Value> {
         match self {
             ListStore::Values(v) => v.get(i).copied(),
-            ListStore::Records { start, len } => {
-                (i < *len as usize).then(|| Value::Record(start + i as u32))
-            }
+            ListStore::Records { start, len } => (i < *len as usize).then(|| Value::Record(start + i as u32)),
             ListStore::Frozen(_) => None,
         }
     }
@@ -150,11 +151,7 @@ impl<'a> Heap<'a> {
 
     /// Look a string key up in a dict (the last occurrence wins, as in Python).
     pub fn dict_get(&self, dict: u32, key: &str) -> Option<Value> {
-        self.dict(dict)
-            .iter()
-            .rev()
-            .find(|(k, _)| matches!(k, Value::Str(s) if self.str(*s) == key))
-            .map(|(_, v)| *v)
+        self.dict(dict).iter().rev().find(|(k, _)| matches!(k, Value::Str(s) if self.str(*s) == key)).map(|(_, v)| *v)
     }
 
     /// The value as a string, if it is one.

@@ -443,7 +443,11 @@ impl<'a> Vm<'a, '_> {
         Value::Tuple((self.heap.tuples.len() - 1) as u32)
     }
 
-    fn run(mut self, compactor: &mut dyn Compactor, mut progress: Option<Progress<'_>>) -> Result<Parsed<'a>, PickleError> {
+    fn run(
+        mut self,
+        compactor: &mut dyn Compactor,
+        mut progress: Option<Progress<'_>>,
+    ) -> Result<Parsed<'a>, PickleError> {
         let mut next_progress = progress.as_ref().map_or(usize::MAX, |p| p.every.max(1));
         loop {
             if self.pos >= next_progress {
@@ -826,7 +830,9 @@ fn decode_raw_unicode_escape(b: &[u8]) -> String {
         if b[i] == b'\\' && i + 1 < b.len() && (b[i + 1] == b'u' || b[i + 1] == b'U') {
             let n = if b[i + 1] == b'u' { 4 } else { 8 };
             if let Some(hex) = b.get(i + 2..i + 2 + n) {
-                if let Some(c) = std::str::from_utf8(hex).ok().and_then(|h| u32::from_str_radix(h, 16).ok()).and_then(char::from_u32) {
+                if let Some(c) =
+                    std::str::from_utf8(hex).ok().and_then(|h| u32::from_str_radix(h, 16).ok()).and_then(char::from_u32)
+                {
                     out.push(c);
                     i += 2 + n;
                     continue;

@@ -72,9 +72,8 @@ fn tree(bytes_ok: bool) -> impl Strategy<Value = PV> {
         prop_oneof![
             proptest::collection::vec(inner.clone(), 0..8).prop_map(PV::List),
             proptest::collection::vec(inner.clone(), 0..6).prop_map(PV::Tuple),
-            proptest::collection::btree_map("[a-z]{0,6}|\\PC{0,4}", inner, 0..6).prop_map(|m| {
-                PV::Dict(m.into_iter().map(|(k, v)| (HV::String(k), v)).collect::<BTreeMap<_, _>>())
-            }),
+            proptest::collection::btree_map("[a-z]{0,6}|\\PC{0,4}", inner, 0..6)
+                .prop_map(|m| { PV::Dict(m.into_iter().map(|(k, v)| (HV::String(k), v)).collect::<BTreeMap<_, _>>()) }),
         ]
     })
 }
@@ -83,17 +82,39 @@ fn tree(bytes_ok: bool) -> impl Strategy<Value = PV> {
 fn same(h: &Heap<'_>, v: Value, want: &PV) -> Result<(), String> {
     let fail = || Err(format!("read {v:?}, expected {want:?}"));
     match want {
-        PV::None => if v == Value::None { Ok(()) } else { fail() },
-        PV::Bool(b) => if v == Value::Bool(*b) { Ok(()) } else { fail() },
+        PV::None => {
+            if v == Value::None {
+                Ok(())
+            } else {
+                fail()
+            }
+        }
+        PV::Bool(b) => {
+            if v == Value::Bool(*b) {
+                Ok(())
+            } else {
+                fail()
+            }
+        }
         PV::I64(_) | PV::Int(_) => {
             let ok = matches!(v, Value::Int(_) | Value::BigInt(_)) && h.as_i128(v) == int_of(want);
-            if ok { Ok(()) } else { fail() }
+            if ok {
+                Ok(())
+            } else {
+                fail()
+            }
         }
         PV::F64(f) => match v {
             Value::Float(g) if g.to_bits() == f.to_bits() || (g.is_nan() && f.is_nan()) => Ok(()),
             _ => fail(),
         },
-        PV::String(s) => if h.as_str(v) == Some(s.as_str()) { Ok(()) } else { fail() },
+        PV::String(s) => {
+            if h.as_str(v) == Some(s.as_str()) {
+                Ok(())
+            } else {
+                fail()
+            }
+        }
         PV::Bytes(b) => match v {
             Value::Bytes(id) if h.bytes[id as usize].as_ref() == b.as_slice() => Ok(()),
             _ => fail(),

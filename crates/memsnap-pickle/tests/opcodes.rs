@@ -247,10 +247,7 @@ fn tuples() {
 fn dicts() {
     check(b"\x80\x02}.", T::Dict(vec![]));
     check(b"\x80\x04}\x8c\x01aK\x01s.", T::Dict(vec![(s("a"), T::Int(1))]));
-    check(
-        b"\x80\x04}(\x8c\x01aK\x01\x8c\x01bK\x02u.",
-        T::Dict(vec![(s("a"), T::Int(1)), (s("b"), T::Int(2))]),
-    );
+    check(b"\x80\x04}(\x8c\x01aK\x01\x8c\x01bK\x02u.", T::Dict(vec![(s("a"), T::Int(1)), (s("b"), T::Int(2))]));
     check(b"(Vk\nI5\nd.", T::Dict(vec![(s("k"), T::Int(5))]));
     // The C++ pickler writes empty dicts as EMPTY_DICT MARK SETITEMS.
     check(b"\x80\x02}(u.", T::Dict(vec![]));

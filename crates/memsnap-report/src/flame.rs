@@ -146,7 +146,9 @@ impl Tree {
     /// same order.
     fn sorted_children(&self, n: usize) -> Vec<usize> {
         let mut c: Vec<usize> = self.nodes[n].children.values().copied().collect();
-        c.sort_by(|&a, &b| self.nodes[b].bytes.cmp(&self.nodes[a].bytes).then_with(|| self.nodes[a].name.cmp(&self.nodes[b].name)));
+        c.sort_by(|&a, &b| {
+            self.nodes[b].bytes.cmp(&self.nodes[a].bytes).then_with(|| self.nodes[a].name.cmp(&self.nodes[b].name))
+        });
         c
     }
 }
@@ -190,7 +192,11 @@ pub(crate) fn render(folded: &[(String, u64)], opts: &FlameOptions) -> (String, 
     }
     let max_depth = placed.iter().map(|p| p.depth).max().unwrap_or(0);
 
-    let subtitle = if opts.subtitle.is_empty() { Vec::new() } else { crate::text::wrap(&opts.subtitle, opts.width - 2.0 * pad, 12.0) };
+    let subtitle = if opts.subtitle.is_empty() {
+        Vec::new()
+    } else {
+        crate::text::wrap(&opts.subtitle, opts.width - 2.0 * pad, 12.0)
+    };
     let mut head = 0.0;
     if !opts.title.is_empty() {
         head += 24.0;
@@ -205,12 +211,18 @@ pub(crate) fn render(folded: &[(String, u64)], opts: &FlameOptions) -> (String, 
     let mut y = 0.0;
     if !opts.title.is_empty() {
         y += 18.0;
-        let _ = writeln!(s, r##"<text x="{pad}" y="{}" font-size="15" font-weight="600" fill="#1a1a1a">{}</text>"##, num(y), escape(&opts.title));
+        let _ = writeln!(
+            s,
+            r##"<text x="{pad}" y="{}" font-size="15" font-weight="600" fill="#1a1a1a">{}</text>"##,
+            num(y),
+            escape(&opts.title)
+        );
         y += 6.0;
     }
     for line in &subtitle {
         y += 14.0;
-        let _ = writeln!(s, r##"<text x="{pad}" y="{}" font-size="12" fill="#444444">{}</text>"##, num(y), escape(line));
+        let _ =
+            writeln!(s, r##"<text x="{pad}" y="{}" font-size="12" fill="#444444">{}</text>"##, num(y), escape(line));
         y += 4.0;
     }
     // Legend.
@@ -257,8 +269,17 @@ pub(crate) fn render(folded: &[(String, u64)], opts: &FlameOptions) -> (String, 
             FrameClass::Synthetic => "\nadded by memsnap (no such frame in the file)",
             FrameClass::Root => "",
         };
-        let title = format!("{label}\n{} ({} bytes), {}% of live memory{who}", fmt_bytes(node.bytes), fmt_count(node.bytes), pct(node.bytes, total));
-        let stroke = if class == FrameClass::User { r##" stroke="#8a2a0a" stroke-width="0.6""## } else { r##" stroke="#ffffff" stroke-width="0.5""## };
+        let title = format!(
+            "{label}\n{} ({} bytes), {}% of live memory{who}",
+            fmt_bytes(node.bytes),
+            fmt_count(node.bytes),
+            pct(node.bytes, total)
+        );
+        let stroke = if class == FrameClass::User {
+            r##" stroke="#8a2a0a" stroke-width="0.6""##
+        } else {
+            r##" stroke="#ffffff" stroke-width="0.5""##
+        };
         let _ = write!(
             s,
             r#"<g><title>{}</title><rect x="{}" y="{}" width="{}" height="{}" fill="{}"{stroke}/>"#,

@@ -180,7 +180,8 @@ fn suspect(s: &mut String, sp: &SuspectView, multi: bool) {
     s.push_str("</span></div>\n");
     match (&sp.site_short, &sp.site_full) {
         (Some(short), Some(full)) => {
-            let _ = writeln!(s, "<div class=\"where\">at <code title=\"{}\">{}</code></div>", escape(full), escape(short));
+            let _ =
+                writeln!(s, "<div class=\"where\">at <code title=\"{}\">{}</code></div>", escape(full), escape(short));
         }
         _ => s.push_str("<div class=\"where\">no line of your code on the stack</div>\n"),
     }
@@ -202,7 +203,11 @@ fn suspect(s: &mut String, sp: &SuspectView, multi: bool) {
     let _ = writeln!(s, "<p><span class=\"label\">Evidence.</span> {}</p>", escape(&sp.evidence));
     let _ = writeln!(s, "<p><span class=\"label\">Fix.</span> {}</p>", escape(&sp.advice));
     if !sp.stack.is_empty() {
-        let _ = writeln!(s, "<details><summary>allocation stack ({} frames, innermost first; your code in bold)</summary><ol>", sp.stack.len());
+        let _ = writeln!(
+            s,
+            "<details><summary>allocation stack ({} frames, innermost first; your code in bold)</summary><ol>",
+            sp.stack.len()
+        );
         for (f, user) in &sp.stack {
             if *user {
                 let _ = writeln!(s, "<li class=\"user\">{}</li>", escape(f));

@@ -20,8 +20,8 @@ mod svg;
 pub mod text;
 pub mod timeline;
 
-use memsnap_analysis::{find_phases, Analysis, Category, DeviceAnalysis, LiveBlock, MemoryGraph, StackTable, Suspect};
 use memsnap_analysis::SuspectKind;
+use memsnap_analysis::{find_phases, Analysis, Category, DeviceAnalysis, LiveBlock, MemoryGraph, StackTable, Suspect};
 use memsnap_model::{classify_filename, Action, FrameKind, Snapshot};
 use memsnap_replay::{DeviceReplay, Replay};
 use rayon::prelude::*;
@@ -126,7 +126,12 @@ impl SuspectView {
             stack: s
                 .stack
                 .iter()
-                .map(|x| (format!("{}:{} in {}", x.filename, x.line, x.function), classify_filename(&x.filename) == FrameKind::User))
+                .map(|x| {
+                    (
+                        format!("{}:{} in {}", x.filename, x.line, x.function),
+                        classify_filename(&x.filename) == FrameKind::User,
+                    )
+                })
                 .collect(),
             evidence: s.evidence.clone(),
             advice: s.advice.clone(),
@@ -230,7 +235,13 @@ pub fn build(input: &ReportInput<'_>, opts: &ReportOptions) -> Report {
     }
 }
 
-fn device_report(snap: &Snapshot, analysis: &Analysis, da: &DeviceAnalysis, d: &DeviceReplay, opts: &ReportOptions) -> DeviceReport {
+fn device_report(
+    snap: &Snapshot,
+    analysis: &Analysis,
+    da: &DeviceAnalysis,
+    d: &DeviceReplay,
+    opts: &ReportOptions,
+) -> DeviceReport {
     let stacks = &analysis.stacks;
     let events = snap.trace(d.device).map_or(&[][..], |t| &t.events[..]);
     let annotations: Vec<_> = snap.annotations.iter().filter(|a| a.device == d.device).cloned().collect();
@@ -242,7 +253,11 @@ fn device_report(snap: &Snapshot, analysis: &Analysis, da: &DeviceAnalysis, d: &
     let peak = &da.peak;
     let (folded, hidden_native) = without_native_frames(live_folded(snap, stacks, &da.peak_blocks, true));
     let when = match peak.time_us.zip(events.first().filter(|e| e.has_time())) {
-        Some((t, first)) => format!("after event {} ({} into the trace)", fmt_count(peak.event_index.unwrap_or(0) as u64), fmt_seconds((t - first.time_us) as f64 / 1e6)),
+        Some((t, first)) => format!(
+            "after event {} ({} into the trace)",
+            fmt_count(peak.event_index.unwrap_or(0) as u64),
+            fmt_seconds((t - first.time_us) as f64 / 1e6)
+        ),
         None => match peak.event_index {
             Some(i) => format!("after event {}", fmt_count(i as u64)),
             None => "at the start of the trace".into(),
@@ -266,7 +281,11 @@ fn device_report(snap: &Snapshot, analysis: &Analysis, da: &DeviceAnalysis, d: &
     let flamegraph = Figure::from_svg(flame_svg, opts.width);
 
     let mut moments: Vec<(Option<usize>, String)> = vec![(d.peaks.allocated.event_index, "peak".into())];
-    if let Some(i) = events.iter().rposition(|e| e.action == Action::Oom).filter(|_| da.suspects.iter().any(|s| s.kind == SuspectKind::Oom)) {
+    if let Some(i) = events
+        .iter()
+        .rposition(|e| e.action == Action::Oom)
+        .filter(|_| da.suspects.iter().any(|s| s.kind == SuspectKind::Oom))
+    {
         moments.push((Some(i), format!("out-of-memory error (event {})", fmt_count(i as u64))));
     }
     if da.suspects.iter().any(|s| s.kind == SuspectKind::Fragmentation) && !events.is_empty() {
@@ -284,7 +303,8 @@ fn device_report(snap: &Snapshot, analysis: &Analysis, da: &DeviceAnalysis, d: &
     let segments = maps
         .iter()
         .map(|(map, when)| {
-            let seg = segmap::build(snap, stacks, &phases, d, map, when, opts.max_segments, segmap::bar_width(opts.width));
+            let seg =
+                segmap::build(snap, stacks, &phases, d, map, when, opts.max_segments, segmap::bar_width(opts.width));
             Figure::from_svg(segmap::render(&seg, opts.width), opts.width)
         })
         .collect();
@@ -296,7 +316,10 @@ fn device_report(snap: &Snapshot, analysis: &Analysis, da: &DeviceAnalysis, d: &
         .take(opts.table_sites)
         .map(|s| SiteRow {
             label: s.label.clone(),
-            full: s.site.as_ref().map_or_else(|| s.label.clone(), |x| format!("{}:{} in {}", x.filename, x.line, x.function)),
+            full: s
+                .site
+                .as_ref()
+                .map_or_else(|| s.label.clone(), |x| format!("{}:{} in {}", x.filename, x.line, x.function)),
             bytes: s.bytes,
             blocks: s.blocks,
         })
@@ -338,7 +361,9 @@ fn without_native_frames(folded: Vec<(String, u64)>) -> (Vec<(String, u64)>, boo
     for (path, bytes) in folded {
         let frames: Vec<&str> = path.split(';').collect();
         let kept: Vec<&str> = frames.iter().copied().filter(|f| classify(f) != FrameClass::Native).collect();
-        let path = if kept.len() < frames.len() && kept.iter().any(|f| matches!(classify(f), FrameClass::User | FrameClass::Library)) {
+        let path = if kept.len() < frames.len()
+            && kept.iter().any(|f| matches!(classify(f), FrameClass::User | FrameClass::Library))
+        {
             dropped = true;
             kept.join(";")
         } else {
@@ -363,7 +388,11 @@ fn facts(snap: &Snapshot, da: &DeviceAnalysis, d: &DeviceReplay) -> Vec<(String,
             fmt_bytes(d.peaks.reserved.value),
             format!("{} bytes; torch.cuda.max_memory_reserved() over the trace", fmt_count(d.peaks.reserved.value)),
         ),
-        ("allocated at dump".to_string(), fmt_bytes(totals.allocated), format!("{} bytes", fmt_count(totals.allocated))),
+        (
+            "allocated at dump".to_string(),
+            fmt_bytes(totals.allocated),
+            format!("{} bytes", fmt_count(totals.allocated)),
+        ),
         ("reserved at dump".to_string(), fmt_bytes(totals.reserved), format!("{} bytes", fmt_count(totals.reserved))),
     ];
     let span = match (events.iter().find(|e| e.has_time()), events.iter().rev().find(|e| e.has_time())) {
@@ -389,7 +418,11 @@ fn facts(snap: &Snapshot, da: &DeviceAnalysis, d: &DeviceReplay) -> Vec<(String,
     ));
     v.push((
         "replay check".to_string(),
-        if d.check.matches_snapshot { "matches the snapshot".to_string() } else { format!("{} differences", d.check.mismatch_count) },
+        if d.check.matches_snapshot {
+            "matches the snapshot".to_string()
+        } else {
+            format!("{} differences", d.check.mismatch_count)
+        },
         "the replayed layout after the last event compared with the dump's segment table, block by block".into(),
     ));
     v
@@ -427,7 +460,8 @@ fn categories_svg(da: &DeviceAnalysis, width: f64) -> String {
     // Legend rows: swatch, name, bytes, percent.
     let mut rows: Vec<Vec<(f64, usize)>> = vec![Vec::new()];
     let mut x = 0.0;
-    let labels: Vec<String> = parts.iter().map(|(n, b, _)| format!("{n}: {} ({}%)", fmt_bytes(*b), pct(*b, m.reserved.max(1)))).collect();
+    let labels: Vec<String> =
+        parts.iter().map(|(n, b, _)| format!("{n}: {} ({}%)", fmt_bytes(*b), pct(*b, m.reserved.max(1)))).collect();
     for (j, l) in labels.iter().enumerate() {
         let w = 19.0 + text_width(l, 12.0) + 22.0;
         if x + w > bar_w && !rows.last().unwrap().is_empty() {
@@ -460,7 +494,12 @@ fn categories_svg(da: &DeviceAnalysis, width: f64) -> String {
             r##"<rect x="{}" y="44" width="{}" height="24" fill="{c}" stroke="#ffffff" stroke-width="1"><title>{}</title></rect>"##,
             num(bx),
             num(w),
-            escape(&format!("{name}\n{} ({} bytes), {}% of reserved", fmt_bytes(*b), fmt_count(*b), pct(*b, m.reserved.max(1))))
+            escape(&format!(
+                "{name}\n{} ({} bytes), {}% of reserved",
+                fmt_bytes(*b),
+                fmt_count(*b),
+                pct(*b, m.reserved.max(1))
+            ))
         );
         let short = text::fit(&labels[j], w - 8.0, 11.0);
         if w > 60.0 && !short.is_empty() {
@@ -475,7 +514,11 @@ fn categories_svg(da: &DeviceAnalysis, width: f64) -> String {
         }
         bx += w;
     }
-    let _ = writeln!(s, r##"<rect x="10" y="44" width="{}" height="24" fill="none" stroke="#9a9a9a" stroke-width="0.6"/>"##, num(bar_w));
+    let _ = writeln!(
+        s,
+        r##"<rect x="10" y="44" width="{}" height="24" fill="none" stroke="#9a9a9a" stroke-width="0.6"/>"##,
+        num(bar_w)
+    );
     let mut y = 78.0;
     for row in rows {
         for (x, j) in row {

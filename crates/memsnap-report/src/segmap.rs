@@ -134,7 +134,12 @@ pub fn build(
         let mut runs: Vec<Run> = s
             .blocks
             .iter()
-            .map(|b| Run { state: b.state, offset: b.address.saturating_sub(s.address), bytes: b.size, title: String::new() })
+            .map(|b| Run {
+                state: b.state,
+                offset: b.address.saturating_sub(s.address),
+                bytes: b.size,
+                title: String::new(),
+            })
             .collect();
         let cells = (px / CELL).floor().max(1.0) as usize;
         if runs.len() > cells {
@@ -151,7 +156,11 @@ pub fn build(
                             .unwrap_or_default();
                         format!(
                             "{}: {} (requested {})\n{who}",
-                            if state == BlockState::Allocated { "allocated" } else { "pending free (freed, still used by another stream)" },
+                            if state == BlockState::Allocated {
+                                "allocated"
+                            } else {
+                                "pending free (freed, still used by another stream)"
+                            },
                             fmt_bytes(b.size),
                             fmt_bytes(b.requested_size)
                         )
@@ -290,7 +299,11 @@ pub fn render(m: &SegmentMap, width: f64) -> String {
     );
     let _ = writeln!(s, r##"<text x="10" y="35" font-size="12" fill="#555555">{}</text>"##, escape(&summary));
     let mut x = 10.0;
-    for (c, label) in [(ALLOCATED_COLOR, "allocated"), (PENDING_COLOR, "pending free (another stream)"), (FREE_COLOR, "free (cached, reserved)")] {
+    for (c, label) in [
+        (ALLOCATED_COLOR, "allocated"),
+        (PENDING_COLOR, "pending free (another stream)"),
+        (FREE_COLOR, "free (cached, reserved)"),
+    ] {
         let _ = writeln!(
             s,
             r##"<rect x="{}" y="44" width="14" height="11" fill="{c}" stroke="#999999" stroke-width="0.5"/><text x="{}" y="54" font-size="12" fill="#222222">{label}</text>"##,

@@ -106,7 +106,12 @@ pub fn render(r: &Report) -> String {
         d.line(18.0, "#1a1a1a", "650", "Verdict: no suspects");
         d.para(0.0, 13.0, "#1a1a1a", "", "No leak, fragmentation or out-of-memory event was found. The peak below is what the program needs; see what it is made of to make it smaller.");
     } else {
-        d.line(18.0, "#1a1a1a", "650", &format!("Verdict: {} suspect{}", r.suspects.len(), if r.suspects.len() == 1 { "" } else { "s" }));
+        d.line(
+            18.0,
+            "#1a1a1a",
+            "650",
+            &format!("Verdict: {} suspect{}", r.suspects.len(), if r.suspects.len() == 1 { "" } else { "s" }),
+        );
         for sp in &r.suspects {
             suspect(&mut d, sp, r.devices.len() > 1);
         }
@@ -156,7 +161,12 @@ pub fn render(r: &Report) -> String {
         d.gap(10.0);
         match &dev.timeline {
             Some(f) => d.figure(f),
-            None => d.line(13.0, "#1a1a1a", "", "No trace for this device: there is no timeline, only the state at dump time."),
+            None => d.line(
+                13.0,
+                "#1a1a1a",
+                "",
+                "No trace for this device: there is no timeline, only the state at dump time.",
+            ),
         }
         d.figure(&dev.categories);
 
@@ -183,17 +193,39 @@ pub fn render(r: &Report) -> String {
         let mut rows: Vec<(String, String, u64, String, String, String)> = dev
             .sites
             .iter()
-            .map(|s| (s.label.clone(), s.full.clone(), s.bytes, fmt_bytes(s.bytes), format!("{}%", pct(s.bytes, dev.peak_allocated)), fmt_count(s.blocks)))
+            .map(|s| {
+                (
+                    s.label.clone(),
+                    s.full.clone(),
+                    s.bytes,
+                    fmt_bytes(s.bytes),
+                    format!("{}%", pct(s.bytes, dev.peak_allocated)),
+                    fmt_count(s.blocks),
+                )
+            })
             .collect();
         if let Some((n, bytes, blocks)) = dev.sites_rest {
-            rows.push((format!("{} more sites", fmt_count(n as u64)), String::new(), 0, fmt_bytes(bytes), format!("{}%", pct(bytes, dev.peak_allocated)), fmt_count(blocks)));
+            rows.push((
+                format!("{} more sites", fmt_count(n as u64)),
+                String::new(),
+                0,
+                fmt_bytes(bytes),
+                format!("{}%", pct(bytes, dev.peak_allocated)),
+                fmt_count(blocks),
+            ));
         }
         for (label, full, bytes, b, share, blocks) in rows {
             let title = if full.is_empty() { None } else { Some(full.as_str()) };
             d.text(d.x, st(12.5, "#1a1a1a", "", MONO), &fit_mono(&label, c_bytes - 240.0, 12.5), title);
             if bytes > 0 {
                 let bw = (110.0 * bytes as f64 / max as f64).max(1.0);
-                let _ = writeln!(d.body, r##"<rect x="{}" y="{}" width="{}" height="9" fill="#3b6fb6" rx="2"/>"##, num(d.x + c_bytes - 115.0), num(d.y + 4.0), num(bw));
+                let _ = writeln!(
+                    d.body,
+                    r##"<rect x="{}" y="{}" width="{}" height="9" fill="#3b6fb6" rx="2"/>"##,
+                    num(d.x + c_bytes - 115.0),
+                    num(d.y + 4.0),
+                    num(bw)
+                );
             }
             for (x, t) in [(c_bytes - 122.0, b.as_str()), (c_share, share.as_str()), (c_blocks, blocks.as_str())] {
                 let _ = writeln!(
@@ -246,7 +278,11 @@ pub fn render(r: &Report) -> String {
         11.5,
         "#5b6068",
         "",
-        &format!("Made by memsnap {} from {}. Numbers are replayed from the allocator trace to the byte.", env!("CARGO_PKG_VERSION"), r.file_name),
+        &format!(
+            "Made by memsnap {} from {}. Numbers are replayed from the allocator trace to the byte.",
+            env!("CARGO_PKG_VERSION"),
+            r.file_name
+        ),
     );
     d.gap(6.0);
 
@@ -269,10 +305,20 @@ fn suspect(d: &mut Doc, sp: &SuspectView, multi: bool) {
     d.gap(8.0);
     let badge = if sp.is_leak || sp.kind == "oom" { "#b3261e" } else { "#a15c00" };
     let bw = text_width(&sp.kind, 13.0) * 1.2 + 16.0;
-    let _ = writeln!(d.body, r#"<rect x="{}" y="{}" width="{}" height="20" rx="4" fill="{badge}"/>"#, num(d.x), num(d.y), num(bw));
+    let _ = writeln!(
+        d.body,
+        r#"<rect x="{}" y="{}" width="{}" height="20" rx="4" fill="{badge}"/>"#,
+        num(d.x),
+        num(d.y),
+        num(bw)
+    );
     d.y += 2.0;
     d.text(d.x + 8.0, st(13.0, "#ffffff", "700", FONT), &sp.kind, None);
-    let conf = if multi { format!("confidence {:.2} · device {}", sp.confidence, sp.device) } else { format!("confidence {:.2}", sp.confidence) };
+    let conf = if multi {
+        format!("confidence {:.2} · device {}", sp.confidence, sp.device)
+    } else {
+        format!("confidence {:.2}", sp.confidence)
+    };
     d.text(d.x + bw + 8.0, st(13.0, "#5b6068", "", FONT), &conf, None);
     d.y += 24.0;
     match (&sp.site_short, &sp.site_full) {
@@ -302,7 +348,15 @@ fn suspect(d: &mut Doc, sp: &SuspectView, multi: bool) {
     d.para(0.0, 13.0, "#1a1a1a", "Fix.", &sp.advice);
     if !sp.stack.is_empty() {
         let shown = sp.stack.len().min(12);
-        d.line(12.0, "#5b6068", "", &format!("Allocation stack (innermost first, your code in bold{}):", if shown < sp.stack.len() { format!("; first {shown} of {}", sp.stack.len()) } else { String::new() }));
+        d.line(
+            12.0,
+            "#5b6068",
+            "",
+            &format!(
+                "Allocation stack (innermost first, your code in bold{}):",
+                if shown < sp.stack.len() { format!("; first {shown} of {}", sp.stack.len()) } else { String::new() }
+            ),
+        );
         for (f, user) in sp.stack.iter().take(shown) {
             let w = d.w - 16.0;
             let (fill, weight) = if *user { ("#7a2e00", "700") } else { ("#333333", "") };

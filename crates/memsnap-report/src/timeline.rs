@@ -148,7 +148,8 @@ pub fn sample(
     if n == 0 {
         return None;
     }
-    let timed = events[..n].iter().all(|e| e.has_time()) && events[..n].windows(2).all(|w| w[0].time_us <= w[1].time_us);
+    let timed =
+        events[..n].iter().all(|e| e.has_time()) && events[..n].windows(2).all(|w| w[0].time_us <= w[1].time_us);
     let time = timed && axis == XAxis::Time;
     let xm = XMap { events: &events[..n], t0: events[0].time_us, time, timed };
 
@@ -175,8 +176,14 @@ pub fn sample(
     let reps: Vec<usize> = per.iter().map(|p| p.0).collect();
 
     // Stacked sites: the top attributions at the peak, live bytes at each representative event.
-    let top: Vec<(Attr, String)> =
-        da.peak.by_site.iter().filter(|sb| sb.bytes > 0).take(top_sites).map(|sb| (sb.attr, sb.label.clone())).collect();
+    let top: Vec<(Attr, String)> = da
+        .peak
+        .by_site
+        .iter()
+        .filter(|sb| sb.bytes > 0)
+        .take(top_sites)
+        .map(|sb| (sb.attr, sb.label.clone()))
+        .collect();
     let k = top.len();
     let mut site_values = vec![vec![0u64; buckets]; k];
     if k > 0 {
@@ -309,7 +316,8 @@ pub fn sample(
             fmt_bytes(pk.value),
             fmt_count(pk.value),
             match pk.event_index {
-                Some(i) if timed => format!("after event {} ({} into the trace)", fmt_count(i as u64), fmt_seconds(xm.seconds(i))),
+                Some(i) if timed =>
+                    format!("after event {} ({} into the trace)", fmt_count(i as u64), fmt_seconds(xm.seconds(i))),
                 Some(i) => format!("after event {}", fmt_count(i as u64)),
                 None => "before the first event".into(),
             }
@@ -362,7 +370,8 @@ fn unit(max: u64) -> (f64, &'static str) {
 pub fn render(t: &Timeline, width: u32) -> String {
     let plot_h: u32 = 380;
     let caption_h = 40.0 + 16.0 * t.growth_notes.len() as f64;
-    let ymax_bytes = t.reserved.iter().chain(&t.allocated).chain(&t.active).copied().max().unwrap_or(0).max(t.peak.1).max(1);
+    let ymax_bytes =
+        t.reserved.iter().chain(&t.allocated).chain(&t.active).copied().max().unwrap_or(0).max(t.peak.1).max(1);
     let (u, uname) = unit(ymax_bytes);
     let ymax = ymax_bytes as f64 / u * 1.12;
     let x0 = 0.0f64.min(t.xs.first().copied().unwrap_or(0.0));
@@ -389,7 +398,9 @@ pub fn render(t: &Timeline, width: u32) -> String {
         let ytop = ymax;
         // Evaluation windows behind everything; iteration bands are laid over the areas later
         // (translucent), so they stay visible where the stacked areas fill the plot.
-        chart.draw_series(t.evals.iter().map(|b| Rectangle::new([(b.x0, 0.0), (b.x1.max(b.x0 + span * 0.002), ytop)], EVAL.filled())))?;
+        chart.draw_series(
+            t.evals.iter().map(|b| Rectangle::new([(b.x0, 0.0), (b.x1.max(b.x0 + span * 0.002), ytop)], EVAL.filled())),
+        )?;
         let x_is_time = t.x_is_time;
         let xfmt = move |v: &f64| {
             if x_is_time {
@@ -495,8 +506,17 @@ pub fn render(t: &Timeline, width: u32) -> String {
             let (a, _) = chart.backend_coord(&(band.x0, ytop));
             let (z, _) = chart.backend_coord(&(band.x1, ytop));
             let w = (z - a).max(1);
-            let shade = if j % 2 == 1 { r##"fill="#1d3557" fill-opacity="0.07""## } else { r##"fill="#000000" fill-opacity="0""## };
-            let _ = write!(overlay, r#"<g><title>{}</title><rect x="{a}" y="{tp}" width="{w}" height="{}" {shade}/>"#, escape(&band.title), b - tp);
+            let shade = if j % 2 == 1 {
+                r##"fill="#1d3557" fill-opacity="0.07""##
+            } else {
+                r##"fill="#000000" fill-opacity="0""##
+            };
+            let _ = write!(
+                overlay,
+                r#"<g><title>{}</title><rect x="{a}" y="{tp}" width="{w}" height="{}" {shade}/>"#,
+                escape(&band.title),
+                b - tp
+            );
             if j % number_every == 0 && w >= 12 {
                 let _ = write!(
                     overlay,
@@ -547,7 +567,9 @@ pub fn render(t: &Timeline, width: u32) -> String {
         Ok(())
     })();
     if drawn.is_err() {
-        plot = format!(r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{plot_h}"><text x="10" y="20">chart could not be drawn</text></svg>"#);
+        plot = format!(
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{plot_h}"><text x="10" y="20">chart could not be drawn</text></svg>"#
+        );
     }
     let _ = plot_area;
 
@@ -564,7 +586,12 @@ pub fn render(t: &Timeline, width: u32) -> String {
         t.device
     );
     let sampled = if t.bucket_events > 1 {
-        format!("{} events, drawn as {} points (each the highest value of {} consecutive events)", fmt_count(t.events as u64), t.xs.len(), fmt_count(t.bucket_events as u64))
+        format!(
+            "{} events, drawn as {} points (each the highest value of {} consecutive events)",
+            fmt_count(t.events as u64),
+            t.xs.len(),
+            fmt_count(t.bucket_events as u64)
+        )
     } else {
         format!("{} events", fmt_count(t.events as u64))
     };
@@ -595,19 +622,40 @@ pub fn render(t: &Timeline, width: u32) -> String {
             let _ = write!(s, "<g><title>{}</title>", escape(&it.title));
             match &it.swatch {
                 Swatch::Fill(c) => {
-                    let _ = write!(s, r##"<rect x="{}" y="{}" width="14" height="11" fill="{c}" stroke="#999999" stroke-width="0.5"/>"##, num(x), num(y + 2.0));
+                    let _ = write!(
+                        s,
+                        r##"<rect x="{}" y="{}" width="14" height="11" fill="{c}" stroke="#999999" stroke-width="0.5"/>"##,
+                        num(x),
+                        num(y + 2.0)
+                    );
                 }
                 Swatch::Line(c, w) => {
-                    let _ = write!(s, r#"<rect x="{}" y="{}" width="14" height="{w}" fill="{c}"/>"#, num(x), num(y + 7.0 - *w as f64 / 2.0));
+                    let _ = write!(
+                        s,
+                        r#"<rect x="{}" y="{}" width="14" height="{w}" fill="{c}"/>"#,
+                        num(x),
+                        num(y + 7.0 - *w as f64 / 2.0)
+                    );
                 }
                 Swatch::Dot(c) => {
-                    let _ = write!(s, r#"<circle cx="{}" cy="{}" r="4" fill="none" stroke="{c}" stroke-width="2"/>"#, num(x + 7.0), num(y + 7.0));
+                    let _ = write!(
+                        s,
+                        r#"<circle cx="{}" cy="{}" r="4" fill="none" stroke="{c}" stroke-width="2"/>"#,
+                        num(x + 7.0),
+                        num(y + 7.0)
+                    );
                 }
                 Swatch::FilledDot(c) => {
                     let _ = write!(s, r#"<circle cx="{}" cy="{}" r="3" fill="{c}"/>"#, num(x + 7.0), num(y + 7.0));
                 }
             }
-            let _ = writeln!(s, r##"<text x="{}" y="{}" font-size="12" fill="#222222">{}</text></g>"##, num(x + 19.0), num(y + 12.0), escape(&it.label));
+            let _ = writeln!(
+                s,
+                r##"<text x="{}" y="{}" font-size="12" fill="#222222">{}</text></g>"##,
+                num(x + 19.0),
+                num(y + 12.0),
+                escape(&it.label)
+            );
             x += it.width;
         }
         y += 20.0;
@@ -628,14 +676,17 @@ fn simplify_point_lists(svg: &str) -> String {
         let end = tail.find('"').unwrap_or(tail.len());
         let mut pts: Vec<(i64, i64)> = Vec::new();
         for p in tail[..end].split_ascii_whitespace() {
-            let Some((x, y)) = p.split_once(',').and_then(|(x, y)| Some((x.parse().ok()?, y.parse().ok()?))) else { continue };
+            let Some((x, y)) = p.split_once(',').and_then(|(x, y)| Some((x.parse().ok()?, y.parse().ok()?))) else {
+                continue;
+            };
             if pts.last() == Some(&(x, y)) {
                 continue;
             }
             while pts.len() >= 2 {
                 let (a, b) = (pts[pts.len() - 2], pts[pts.len() - 1]);
                 let between = |a: i64, b: i64, c: i64| (a <= b && b <= c) || (c <= b && b <= a);
-                let redundant = (a.0 == b.0 && b.0 == x && between(a.1, b.1, y)) || (a.1 == b.1 && b.1 == y && between(a.0, b.0, x));
+                let redundant = (a.0 == b.0 && b.0 == x && between(a.1, b.1, y))
+                    || (a.1 == b.1 && b.1 == y && between(a.0, b.0, x));
                 if redundant {
                     pts.pop();
                 } else {
@@ -686,9 +737,21 @@ struct LegendItem {
 fn legend_items(t: &Timeline) -> Vec<LegendItem> {
     let c = |c: RGBColor| format!("#{:02x}{:02x}{:02x}", c.0, c.1, c.2);
     let mut v = vec![
-        (Swatch::Line(c(ALLOCATED), 3), "allocated".to_string(), "memory_allocated(): bytes in blocks held by tensors".to_string()),
-        (Swatch::Line(c(ACTIVE), 2), "active".to_string(), "allocated plus blocks freed but still in use by another stream".to_string()),
-        (Swatch::Line(c(RESERVED), 3), "reserved".to_string(), "memory_reserved(): bytes the caching allocator holds from CUDA".to_string()),
+        (
+            Swatch::Line(c(ALLOCATED), 3),
+            "allocated".to_string(),
+            "memory_allocated(): bytes in blocks held by tensors".to_string(),
+        ),
+        (
+            Swatch::Line(c(ACTIVE), 2),
+            "active".to_string(),
+            "allocated plus blocks freed but still in use by another stream".to_string(),
+        ),
+        (
+            Swatch::Line(c(RESERVED), 3),
+            "reserved".to_string(),
+            "memory_reserved(): bytes the caching allocator holds from CUDA".to_string(),
+        ),
         (Swatch::Dot(c(PEAK)), "peak".to_string(), t.peak.2.clone()),
     ];
     if t.bucket_events >= MIN_LINE_BUCKET && t.allocated_min != t.allocated {
@@ -702,13 +765,25 @@ fn legend_items(t: &Timeline) -> Vec<LegendItem> {
         );
     }
     if !t.iteration_floor.is_empty() {
-        v.push((Swatch::FilledDot("#3a3a3a".into()), "allocated at iteration start".into(), "a leak raises these dots iteration after iteration".into()));
+        v.push((
+            Swatch::FilledDot("#3a3a3a".into()),
+            "allocated at iteration start".into(),
+            "a leak raises these dots iteration after iteration".into(),
+        ));
     }
     if !t.iterations.is_empty() {
-        v.push((Swatch::Fill(c(BAND)), "iterations (numbered; every other one shaded)".into(), format!("{} iterations", t.iterations.len())));
+        v.push((
+            Swatch::Fill(c(BAND)),
+            "iterations (numbered; every other one shaded)".into(),
+            format!("{} iterations", t.iterations.len()),
+        ));
     }
     if !t.evals.is_empty() {
-        v.push((Swatch::Fill(c(EVAL_STRIP)), "evaluation (forward, no backward)".into(), "forward passes with no backward".into()));
+        v.push((
+            Swatch::Fill(c(EVAL_STRIP)),
+            "evaluation (forward, no backward)".into(),
+            "forward passes with no backward".into(),
+        ));
     }
     if t.ooms_total > 0 {
         v.push((Swatch::Line(c(OOM), 3), "OOM".into(), format!("{} out-of-memory events", t.ooms_total)));
@@ -722,7 +797,11 @@ fn legend_items(t: &Timeline) -> Vec<LegendItem> {
         ));
     }
     if !t.sites.is_empty() {
-        v.push((Swatch::Fill(OTHER_COLOR.into()), "other sites".into(), "allocated bytes not from the sites above".into()));
+        v.push((
+            Swatch::Fill(OTHER_COLOR.into()),
+            "other sites".into(),
+            "allocated bytes not from the sites above".into(),
+        ));
     }
     v.into_iter()
         .map(|(swatch, label, title)| {

@@ -125,7 +125,11 @@ fn identical_bytes_on_one_and_two_threads() {
             (r.html(), r.svg())
         })
     };
-    for rel in ["dev/s03_loss_history_leak.pickle.xz", "dev/s07_fragmentation.pickle.xz", "extra/x05_clean_lm_stacks_all.pickle.xz"] {
+    for rel in [
+        "dev/s03_loss_history_leak.pickle.xz",
+        "dev/s07_fragmentation.pickle.xz",
+        "extra/x05_clean_lm_stacks_all.pickle.xz",
+    ] {
         let one = run(1, rel);
         let two = run(2, rel);
         assert!(one.0 == two.0, "{rel}: HTML differs between 1 and 2 threads");
@@ -155,7 +159,10 @@ fn every_dev_report_is_well_formed_escaped_and_small() {
         for (what, text) in [("html", &html), ("svg", &svg)] {
             assert!(!text.contains("<module>"), "{rel} {what}: unescaped frame name");
             assert!(!text.contains("<script"), "{rel} {what}: script");
-            assert!(!text.contains("href=") && !text.contains("src=") && !text.contains("url("), "{rel} {what}: external resource");
+            assert!(
+                !text.contains("href=") && !text.contains("src=") && !text.contains("url("),
+                "{rel} {what}: external resource"
+            );
             assert!(!text.contains(&here), "{rel} {what}: names a local path");
             assert!(text.len() < 600_000, "{rel} {what}: {} bytes", text.len());
         }
