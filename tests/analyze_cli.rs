@@ -51,7 +51,7 @@ fn find(prefix: &str) -> PathBuf {
 
 /// Truth counters of `device`: `at_dump_per_device[device]` where the file has it, else the
 /// top-level `at_dump` (single-device files).
-fn truth_for_device<'a>(truth: &'a Value, device: u64, devices_in_output: usize) -> &'a Value {
+fn truth_for_device(truth: &Value, device: u64, devices_in_output: usize) -> &Value {
     match truth.get("at_dump_per_device") {
         Some(per) => per.get(device.to_string()).unwrap_or_else(|| panic!("no truth for device {device}")),
         None => {
