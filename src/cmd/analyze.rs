@@ -63,15 +63,19 @@ fn site_json(s: &Site) -> Value {
 pub fn suspect_json(s: &Suspect) -> Value {
     json!({
         "kind": s.kind.name(),
+        "severity": s.severity.name(),
         "confidence": (s.confidence * 100.0).round() / 100.0,
         "device": s.device,
         "bytes": s.bytes,
         "bytes_at_peak": s.bytes_at_peak,
         "growth_bytes_per_iteration": s.growth_bytes_per_iteration,
+        "growth_unit": s.growth_unit.name(),
+        "peak_allocated_bytes_without": s.peak_without,
         "site": s.site.as_ref().map(site_json),
         "stack": s.stack.iter().map(site_json).collect::<Vec<_>>(),
         "evidence": s.evidence,
         "advice": s.advice,
+        "facts": serde_json::to_value(&s.facts).unwrap_or(Value::Null),
     })
 }
 
@@ -119,15 +123,17 @@ pub fn analysis_json(a: &Analyzed) -> Value {
             let r = a.replay.device(da.device);
             let t = totals.iter().find(|t| t.device == da.device);
             let peaks = r.map(|r| r.peaks).unwrap_or_default();
+            // Without a trace the replay knows only the dump: no peak can be established.
+            let peak_known = t.is_some_and(|t| t.trace_entries > 0);
             json!({
                 "device": da.device,
                 "allocated_bytes": t.map_or(0, |t| t.allocated_bytes),
                 "reserved_bytes": t.map_or(0, |t| t.reserved_bytes),
                 "trace_entries": t.map_or(0, |t| t.trace_entries),
-                "peak_allocated_bytes": peaks.allocated.value,
-                "peak_reserved_bytes": peaks.reserved.value,
-                "peak_active_bytes": peaks.active.value,
-                "peak_requested_bytes": peaks.requested.value,
+                "peak_allocated_bytes": peak_known.then_some(peaks.allocated.value),
+                "peak_reserved_bytes": peak_known.then_some(peaks.reserved.value),
+                "peak_active_bytes": peak_known.then_some(peaks.active.value),
+                "peak_requested_bytes": peak_known.then_some(peaks.requested.value),
                 "peak_time_us": peaks.allocated.time_us,
                 "peak_event_index": peaks.allocated.event_index,
                 "peak_reserved_time_us": peaks.reserved.time_us,
@@ -183,9 +189,10 @@ fn analysis_text(a: &Analyzed, top: usize) -> String {
         let growth = sp.growth_bytes_per_iteration.map_or(String::new(), |g| format!(", +{}/iteration", fmt_bytes(g)));
         let _ = writeln!(
             s,
-            "  {}. {} (confidence {:.2}, device {}) {}{}\n     at {}",
+            "  {}. {} [{}] (confidence {:.2}, device {}) {}{}\n     at {}",
             i + 1,
             sp.kind.name(),
+            sp.severity.name(),
             sp.confidence,
             sp.device,
             fmt_bytes(sp.bytes),

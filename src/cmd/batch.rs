@@ -66,6 +66,9 @@ pub struct DeviceFigures {
     /// Largest allocated / reserved bytes over the replayed trace, and never below the dump.
     pub peak_allocated_bytes: u64,
     pub peak_reserved_bytes: u64,
+    /// The file has a trace for this device, so the peaks are measured; without one only the
+    /// dump is known and the peaks above are the dump-time values (reported as null in JSON).
+    pub peak_known: bool,
 }
 
 /// Per-device figures, in the analysis' device order (ascending).
@@ -85,6 +88,7 @@ pub fn device_figures(a: &Analyzed) -> Vec<DeviceFigures> {
                 reserved_bytes,
                 peak_allocated_bytes: peaks.allocated.value.max(allocated_bytes),
                 peak_reserved_bytes: peaks.reserved.value.max(reserved_bytes),
+                peak_known: t.is_some_and(|t| t.trace_entries > 0),
             }
         })
         .collect()
@@ -212,8 +216,9 @@ fn row_json(row: &Row) -> Value {
             v["devices"] = json!(f.devices.iter().map(|d| d.device).collect::<Vec<_>>());
             v["allocated_bytes"] = json!(f.allocated());
             v["reserved_bytes"] = json!(f.reserved());
-            v["peak_allocated_bytes"] = json!(f.peak_device().map_or(0, |d| d.peak_allocated_bytes));
-            v["peak_reserved_bytes"] = json!(f.peak_reserved());
+            let known = f.devices.iter().all(|d| d.peak_known);
+            v["peak_allocated_bytes"] = json!(known.then(|| f.peak_device().map_or(0, |d| d.peak_allocated_bytes)));
+            v["peak_reserved_bytes"] = json!(known.then(|| f.peak_reserved()));
             v["peak_device"] = json!(f.peak_device().map(|d| d.device));
             v["per_device"] = json!(f
                 .devices
@@ -222,8 +227,8 @@ fn row_json(row: &Row) -> Value {
                     "device": d.device,
                     "allocated_bytes": d.allocated_bytes,
                     "reserved_bytes": d.reserved_bytes,
-                    "peak_allocated_bytes": d.peak_allocated_bytes,
-                    "peak_reserved_bytes": d.peak_reserved_bytes,
+                    "peak_allocated_bytes": d.peak_known.then_some(d.peak_allocated_bytes),
+                    "peak_reserved_bytes": d.peak_known.then_some(d.peak_reserved_bytes),
                 }))
                 .collect::<Vec<_>>());
             v["suspect_count"] = json!(f.suspect_count);

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use memsnap_analysis::SuspectKind;
+use memsnap_analysis::{Severity, SuspectKind};
 
 use crate::cmd::analyze::analyze_file;
 use crate::cmd::batch::device_figures;
@@ -38,33 +38,55 @@ pub struct Args {
 
 /// The kinds named by `--fail-on`, in [`KINDS`] order; an unknown name is an error that lists
 /// the valid ones.
-fn parse_kinds(names: &[String]) -> anyhow::Result<Vec<SuspectKind>> {
-    let mut kinds = Vec::new();
+/// What `--fail-on` names: suspect kinds and severities. A suspect fails the gate when its kind
+/// or its severity is named.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct FailOn {
+    kinds: Vec<SuspectKind>,
+    severities: Vec<Severity>,
+}
+
+impl FailOn {
+    fn is_empty(&self) -> bool {
+        self.kinds.is_empty() && self.severities.is_empty()
+    }
+    fn matches(&self, s: &memsnap_analysis::Suspect) -> bool {
+        self.kinds.contains(&s.kind) || self.severities.contains(&s.severity)
+    }
+}
+
+/// The kinds and severities named by `--fail-on` (`leaks` is the severity `leak`: suspects
+/// that grow without bound); an unknown name is an error that lists the valid ones.
+fn parse_fail_on(names: &[String]) -> anyhow::Result<FailOn> {
+    let mut f = FailOn::default();
     for name in names.iter().map(|n| n.trim()).filter(|n| !n.is_empty()) {
         match name {
-            "all" => kinds.extend(KINDS),
-            "leaks" => kinds.extend(KINDS.into_iter().filter(|k| k.is_leak())),
-            _ => match SuspectKind::parse(name) {
-                Some(k) => kinds.push(k),
-                None => {
+            "all" => f.kinds.extend(KINDS),
+            "leaks" => f.severities.push(Severity::Leak),
+            _ => match (SuspectKind::parse(name), Severity::parse(name)) {
+                (Some(k), _) => f.kinds.push(k),
+                (None, Some(s)) => f.severities.push(s),
+                (None, None) => {
                     let valid: Vec<&str> = KINDS.iter().map(|k| k.name()).collect();
                     anyhow::bail!(
-                        "--fail-on: unknown suspect kind {name:?}; valid kinds: {}, or leaks, all",
+                        "--fail-on: unknown suspect kind or severity {name:?}; valid kinds: {}; severities: leak, peak, waste; or leaks (= leak), all",
                         valid.join(", ")
                     );
                 }
             },
         }
     }
-    anyhow::ensure!(names.is_empty() || !kinds.is_empty(), "--fail-on: no suspect kind given");
-    kinds.sort();
-    kinds.dedup();
-    Ok(kinds)
+    anyhow::ensure!(names.is_empty() || !f.is_empty(), "--fail-on: no suspect kind given");
+    f.kinds.sort();
+    f.kinds.dedup();
+    f.severities.sort();
+    f.severities.dedup();
+    Ok(f)
 }
 
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     // Gates are checked before the file is read: a typo should not wait for a multi-GB load.
-    let kinds = parse_kinds(&args.fail_on)?;
+    let fail_on = parse_fail_on(&args.fail_on)?;
     let a = analyze_file(&args.file)?;
     let shown = args.file.display();
     let mut failures = String::new();
@@ -85,8 +107,17 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         ),
     ];
     for (gate, what, limit, values) in limits {
+        let values: Vec<(u32, u64)> =
+            values.into_iter().filter(|(d, _)| figures.iter().any(|f| f.device == *d && f.peak_known)).collect();
         let Some(limit) = limit else { continue };
         gates += 1;
+        for d in figures.iter().filter(|d| !d.peak_known) {
+            let _ = writeln!(
+                failures,
+                "{shown}: {gate} failed: device {} {what} is unknown: the file has no trace for it (a state-only recording), so the peak cannot be established",
+                d.device,
+            );
+        }
         for (device, value) in values.into_iter().filter(|&(_, v)| v > limit) {
             let _ = writeln!(
                 failures,
@@ -96,17 +127,18 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             );
         }
     }
-    if !kinds.is_empty() {
+    if !fail_on.is_empty() {
         gates += 1;
-        for s in a.analysis.suspects().into_iter().filter(|s| kinds.contains(&s.kind)) {
+        for s in a.analysis.suspects().into_iter().filter(|s| fail_on.matches(s)) {
             let site = s
                 .site
                 .as_ref()
                 .map_or("(no user frame)".to_string(), |x| format!("{}:{} in {}", x.filename, x.line, x.function));
             let _ = writeln!(
                 failures,
-                "{shown}: fail-on {} found: device {}, {} at {site} (confidence {:.2})",
+                "{shown}: fail-on {} ({}) found: device {}, {} at {site} (confidence {:.2})",
                 s.kind.name(),
+                s.severity.name(),
                 s.device,
                 size::format(s.bytes),
                 s.confidence,
@@ -135,20 +167,29 @@ fn plural(n: usize, word: &str) -> String {
 mod tests {
     use super::*;
 
+    fn parse(v: &[&str]) -> anyhow::Result<FailOn> {
+        parse_fail_on(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+    }
+
     #[test]
-    fn kinds() {
-        let names = |v: &[&str]| parse_kinds(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
-        assert_eq!(
-            names(&["oom", " fragmentation", "oom"]).unwrap(),
-            vec![SuspectKind::Oom, SuspectKind::Fragmentation]
-        );
-        assert_eq!(names(&["leaks"]).unwrap().len(), 4);
-        assert_eq!(names(&["all"]).unwrap().len(), KINDS.len());
-        let err = names(&["oom", "leak"]).unwrap_err().to_string();
-        assert!(err.contains("\"leak\"") && err.contains("retained_graph") && err.contains("fragmentation"), "{err}");
-        // Every kind the analysis knows is listed here.
+    fn kinds_and_severities() {
+        let f = parse(&["oom", " fragmentation", "oom"]).unwrap();
+        assert_eq!(f.kinds, vec![SuspectKind::Oom, SuspectKind::Fragmentation]);
+        assert!(f.severities.is_empty());
+        // `leaks` is the severity `leak`, not the four leak kinds: a bounded waste passes it.
+        let f = parse(&["leaks"]).unwrap();
+        assert!(f.kinds.is_empty());
+        assert_eq!(f.severities, vec![Severity::Leak]);
+        assert_eq!(parse(&["peak", "waste"]).unwrap().severities, vec![Severity::Peak, Severity::Waste]);
+        assert_eq!(parse(&["all"]).unwrap().kinds.len(), KINDS.len());
+        let err = parse(&["oom", "leakz"]).unwrap_err().to_string();
+        assert!(err.contains("\"leakz\"") && err.contains("retained_graph") && err.contains("waste"), "{err}");
+        // Every kind and severity the analysis knows is accepted.
         for k in KINDS {
             assert_eq!(SuspectKind::parse(k.name()), Some(k));
+        }
+        for s in Severity::ALL {
+            assert_eq!(Severity::parse(s.name()), Some(s));
         }
     }
 }

@@ -66,7 +66,7 @@ pub fn attribute(events: &[TraceEvent], phases: &Phases, stacks: &StackTable, b:
     };
     let ev_stack = events.get(a as usize).map_or(b.stack, |e| e.stack);
     let info = stacks.get(ev_stack);
-    if !info.python || info.backward_launch {
+    if !info.python || info.backward_launch || info.recompute {
         if let Some(bw) = phases.backward_at(a) {
             let launch = events.get(bw.span.start as usize).map_or(StackId::EMPTY, |e| e.stack);
             return (Attr::Backward(bw.line), launch);
@@ -138,7 +138,7 @@ pub fn categorize(
 }
 
 /// A site as plain data.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
 pub struct Site {
     pub filename: String,
     pub line: u32,

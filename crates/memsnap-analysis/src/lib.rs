@@ -11,9 +11,13 @@
 
 mod attribution;
 mod detectors;
+mod evidence;
 mod graph;
+mod lifecycle;
 mod phases;
+mod render;
 mod stacks;
+mod thresholds;
 
 use std::collections::BTreeMap;
 
@@ -22,7 +26,14 @@ use memsnap_replay::{DeviceReplay, Replay};
 use rayon::prelude::*;
 
 pub use attribution::{attr_label, attribute, categorize, Attr, Category, Site};
-pub use detectors::{Suspect, SuspectKind};
+pub use detectors::{Context, Detector, Finding, REGISTRY};
+pub use evidence::{
+    rank, Evidence, GradientHold, GraphHold, Holder, IterationsBy, LeakOrigin, Occurrence, OomCause, Severity,
+    Suspect, SuspectKind,
+};
+pub use lifecycle::{lifecycle, BlockFate, Lifecycle, Unit, UnitBlock, UnitFate};
+pub use render::fmt_bytes;
+pub use thresholds::Thresholds;
 pub use graph::{frame_label, short_path, LiveBlock, MemoryGraph, Node, AUTOGRAD, NO_FRAMES, PRE_TRACE};
 pub use phases::{find_phases, Backward, ForwardPass, IterationSource, Phases, Span};
 pub use stacks::{StackInfo, StackTable};
@@ -90,7 +101,7 @@ impl Analysis {
     /// Every suspect of every device, ranked.
     pub fn suspects(&self) -> Vec<&Suspect> {
         let mut v: Vec<&Suspect> = self.devices.iter().flat_map(|d| d.suspects.iter()).collect();
-        v.sort_by(|a, b| detectors::rank(a, b));
+        v.sort_by(|a, b| rank(a, b));
         v
     }
 }
@@ -100,8 +111,21 @@ pub const TOP_SITES: usize = 25;
 
 /// Analyse every device of a snapshot with its replay.
 pub fn analyze(snap: &Snapshot, replay: &Replay) -> Analysis {
+    analyze_with(snap, replay, &Thresholds::DEFAULT)
+}
+
+/// [`analyze`] with other thresholds (tests mutate them to show each one matters).
+pub fn analyze_with(snap: &Snapshot, replay: &Replay, thresholds: &Thresholds) -> Analysis {
     let stacks = StackTable::new(snap);
-    let devices = replay.devices.par_iter().map(|d| analyze_device(snap, &stacks, d)).collect();
+    let totals = snap.device_totals();
+    let devices = replay
+        .devices
+        .par_iter()
+        .map(|d| {
+            let t = totals.binary_search_by_key(&d.device, |t| t.device).ok().map(|i| &totals[i]);
+            analyze_device(snap, &stacks, d, t, thresholds)
+        })
+        .collect();
     Analysis { devices, stacks }
 }
 
@@ -158,7 +182,13 @@ pub fn moment(
     (m, live)
 }
 
-fn analyze_device(snap: &Snapshot, stacks: &StackTable, d: &DeviceReplay) -> DeviceAnalysis {
+fn analyze_device(
+    snap: &Snapshot,
+    stacks: &StackTable,
+    d: &DeviceReplay,
+    totals: Option<&memsnap_model::DeviceTotals>,
+    thresholds: &Thresholds,
+) -> DeviceAnalysis {
     let events = snap.trace(d.device).map_or(&[][..], |tr| &tr.events[..]);
     let annotations: Vec<_> = snap.annotations.iter().filter(|a| a.device == d.device).cloned().collect();
     let phases = find_phases(events, stacks, &annotations);
@@ -199,7 +229,31 @@ fn analyze_device(snap: &Snapshot, stacks: &StackTable, d: &DeviceReplay) -> Dev
             ));
         }
     }
-    let suspects = detectors::detect(snap, stacks, &phases, d, events, &end);
+    let lifecycle = lifecycle::lifecycle(events, stacks, &phases, d, thresholds);
+    let cx = detectors::Context {
+        snap,
+        stacks,
+        phases: &phases,
+        replay: d,
+        events,
+        lifecycle: &lifecycle,
+        thresholds,
+        totals,
+        end: &end,
+        param_sizes: detectors::parameter_sizes(stacks, &phases, d, events),
+    };
+    let suspects = detectors::detect(&cx);
+    if events.is_empty() {
+        caveats.push(
+            "without a trace the peak cannot be established from this file (peaks are null in JSON); suspects rest on the dump-time state only"
+                .to_string(),
+        );
+    } else if !d.start.trace_complete {
+        caveats.push(
+            "the trace starts mid-run (ring buffer wrapped or recording started late): peaks are those within the trace, the process may have peaked earlier"
+                .to_string(),
+        );
+    }
     let phase_summary = PhaseSummary {
         iterations: phases.iteration_count(),
         iteration_source: phases.iteration_source,

@@ -121,8 +121,9 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
             continue;
         }
         let info = stacks.get(e.stack);
-        if !info.python {
-            // Frameless (or native-only) events belong to whatever window is open.
+        if !info.python || info.recompute {
+            // Frameless (or native-only) events belong to whatever window is open, and so do
+            // checkpoint recomputations, which the engine runs inside a backward pass.
             continue;
         }
         // Backward windows: opened by a launch, closed by the next Python-framed event.
@@ -183,6 +184,10 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
     }
     if let Some(s) = open_opt.take() {
         optimizer_steps.push(s);
+    }
+
+    if backwards.is_empty() {
+        backwards = engine_windows(events, stacks);
     }
 
     // A pass is "trained" if a backward starts after it and before the next pass from the same
@@ -273,6 +278,41 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
         phases.iteration_annotation = Some(name);
     }
     phases
+}
+
+/// Backward passes launched from another device's trace (a model split over GPUs): this device
+/// sees no `.backward()` launch, only the engine's frameless allocations. Each run of frameless
+/// allocations that follows a Python-framed event and frees some earlier block is taken as a
+/// backward pass with an unknown launch line. Used only when the device has no launch at all.
+fn engine_windows(events: &[TraceEvent], stacks: &StackTable) -> Vec<Backward> {
+    let mut out: Vec<Backward> = Vec::new();
+    let mut open: Option<(u32, bool)> = None;
+    let mut framed_seen = false;
+    for (i, e) in events.iter().enumerate() {
+        let i = i as u32;
+        if !matches!(e.action, Action::Alloc | Action::FreeRequested | Action::FreeCompleted) {
+            continue;
+        }
+        let info = stacks.get(e.stack);
+        if info.python && !info.recompute {
+            framed_seen = true;
+            if let Some((start, frees)) = open.take() {
+                if frees {
+                    out.push(Backward { span: Span { start, end: i }, line: None });
+                }
+            }
+            continue;
+        }
+        match &mut open {
+            Some((_, frees)) => *frees |= e.action != Action::Alloc,
+            None if framed_seen && e.action == Action::Alloc => open = Some((i, false)),
+            None => {}
+        }
+    }
+    if let Some((start, true)) = open {
+        out.push(Backward { span: Span { start, end: events.len() as u32 }, line: None });
+    }
+    out
 }
 
 /// Does the backward pass free a block that the forward pass allocated and that was still

@@ -31,6 +31,14 @@ pub struct StackInfo {
     /// Has at least one Python frame (user or library). Stacks of only native frames
     /// (`stacks="all"` backward threads) count as frameless for attribution.
     pub python: bool,
+    /// Activation checkpointing recomputing a forward region during backward: frames of
+    /// `torch/utils/checkpoint.py` with no user frame outside them. The autograd engine calls
+    /// the recomputation from its own thread, so the user's loop is not on the stack; these
+    /// allocations belong to the backward pass, not to a forward pass.
+    pub recompute: bool,
+    /// Model or optimizer construction: `Module.to/cuda/_apply` or a module's `__init__` /
+    /// `reset_parameters` (parameters and buffers), as opposed to tensors made by running code.
+    pub construction: bool,
 }
 
 /// Per-stack facts for a whole snapshot, indexed by `StackId`.
@@ -63,6 +71,8 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], frames: &[FrameId]) -> StackInfo {
     let mut s = StackInfo::default();
     // Frames are innermost first.
     let mut outermost_module: Option<usize> = None;
+    let mut outermost_checkpoint: Option<usize> = None;
+    let mut outermost_user: Option<usize> = None;
     let mut innermost_module: Option<usize> = None;
     for (i, &f) in frames.iter().enumerate() {
         let frame = snap.frame(f);
@@ -80,6 +90,7 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], frames: &[FrameId]) -> StackInfo {
                 s.site = Some(f);
             }
             s.outer_site = Some(f);
+            outermost_user = Some(i);
         }
         if kind == FrameKind::Native {
             continue;
@@ -89,6 +100,14 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], frames: &[FrameId]) -> StackInfo {
             || file.ends_with("torch/_tensor.py") && name == "backward"
         {
             s.backward_launch = true;
+        }
+        if file.ends_with("torch/utils/checkpoint.py") {
+            outermost_checkpoint = Some(i);
+        }
+        if file.contains("torch/nn/modules/")
+            && matches!(name, "_apply" | "to" | "cuda" | "__init__" | "reset_parameters" | "_load_from_state_dict")
+        {
+            s.construction = true;
         }
         if file.contains("torch/optim/") {
             s.optimizer = true;
@@ -108,6 +127,7 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], frames: &[FrameId]) -> StackInfo {
             s.loss = true;
         }
     }
+    s.recompute = outermost_checkpoint.is_some_and(|c| outermost_user.is_none_or(|u| u < c));
     let caller_user = |from: usize| frames[from + 1..].iter().copied().find(|f| kinds[f.0 as usize] == FrameKind::User);
     if let Some(i) = outermost_module {
         s.forward_call = caller_user(i);

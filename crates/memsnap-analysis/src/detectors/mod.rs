@@ -1,0 +1,364 @@
+//! The detectors: one module per suspect kind, each a [`Detector`] in [`REGISTRY`].
+//!
+//! A detector reads the typed facts of one device in a [`Context`] (the replay's block
+//! lifetimes, the phases, the [`Lifecycle`] of every forward pass) and returns [`Finding`]s:
+//! the blocks it blames, typed [`Evidence`], a site and a severity. [`detect`] measures every
+//! finding the same way (bytes, growth, the peak without it) and renders its words. To add a
+//! detector: write a module with a type implementing [`Detector`], add it to [`REGISTRY`], add
+//! its `Evidence` variant and its words in `render.rs`, and its tests in
+//! `tests/detector_<name>.rs` (a positive and a near miss per rule).
+//!
+//! Detectors are disjoint by construction: each claims blocks by a lifecycle fact no other
+//! claims (see each module), except that `no_grad_missing` and `retained_graph` may name the same
+//! evaluation graphs, which have both causes (grad was on, and a reference keeps them).
+
+mod fragmentation;
+mod no_grad_missing;
+mod oom;
+mod reference_leak;
+mod retained_graph;
+mod unreleased_gradient;
+
+use std::collections::BTreeSet;
+
+use memsnap_model::{DeviceTotals, FrameId, Snapshot, StackId, TraceEvent};
+use memsnap_replay::{BlockLifetime, DeviceReplay};
+
+use crate::attribution::{attribute, Attr, Site};
+use crate::evidence::{rank, Evidence, IterationsBy, Occurrence, Severity, Suspect, SuspectKind};
+use crate::lifecycle::Lifecycle;
+use crate::phases::{IterationSource, Phases};
+use crate::render;
+use crate::stacks::StackTable;
+use crate::thresholds::Thresholds;
+use crate::Moment;
+
+/// Everything a detector may read about one device.
+pub struct Context<'a> {
+    pub snap: &'a Snapshot,
+    pub stacks: &'a StackTable,
+    pub phases: &'a Phases,
+    pub replay: &'a DeviceReplay,
+    pub events: &'a [TraceEvent],
+    pub lifecycle: &'a Lifecycle,
+    pub thresholds: &'a Thresholds,
+    /// Dump-time totals of this device.
+    pub totals: Option<&'a DeviceTotals>,
+    pub end: &'a Moment,
+    /// Sizes of parameters (see [`parameter_sizes`]).
+    pub param_sizes: BTreeSet<u64>,
+}
+
+/// A detector: reads a [`Context`], returns findings.
+pub trait Detector: Sync {
+    fn kind(&self) -> SuspectKind;
+    fn detect(&self, cx: &Context) -> Vec<Finding>;
+}
+
+/// Every detector, in the order they run (the order does not change results: findings are ranked
+/// afterwards).
+pub static REGISTRY: &[&dyn Detector] = &[
+    &oom::Oom,
+    &retained_graph::RetainedGraph,
+    &no_grad_missing::NoGradMissing,
+    &unreleased_gradient::UnreleasedGradient,
+    &reference_leak::ReferenceLeak,
+    &fragmentation::Fragmentation,
+];
+
+/// What a detector found, before measurement.
+pub struct Finding {
+    pub kind: SuspectKind,
+    pub severity: Severity,
+    pub confidence: f64,
+    /// Indices into `DeviceReplay::blocks` of the memory this finding is about.
+    pub blocks: Vec<usize>,
+    /// What growth is counted per.
+    pub occurrence: Occurrence,
+    /// Event indices where occurrences start (for growth); empty: no growth.
+    pub boundaries: Vec<u32>,
+    /// Bytes at stake when the blocks do not say it (an OOM's request, fragmentation's split
+    /// bytes, gradients at the start of an evaluation window).
+    pub bytes: Option<u64>,
+    pub site: Option<Site>,
+    pub stack: StackId,
+    pub facts: Evidence,
+}
+
+/// Run every detector on one device, measure and render the findings, rank them.
+pub fn detect(cx: &Context) -> Vec<Suspect> {
+    let mut out: Vec<Suspect> =
+        REGISTRY.iter().flat_map(|d| d.detect(cx)).filter_map(|f| finish(cx, f)).collect();
+    out.sort_by(rank);
+    out
+}
+
+/// The live bytes of a set of blocks over the trace.
+pub struct Measured {
+    /// Still allocated after the last event.
+    pub at_end: u64,
+    /// The most allocated at once.
+    pub max_live: u64,
+    /// Allocated right after the peak of allocated memory.
+    pub at_peak: u64,
+    /// Median of the per-occurrence deltas.
+    pub growth: Option<u64>,
+    /// Peak of allocated memory minus these blocks, at every moment.
+    pub peak_without: Option<u64>,
+}
+
+fn free_event(b: &BlockLifetime) -> Option<u32> {
+    b.free_requested_event.or(b.free_completed_event)
+}
+
+/// Measure a set of blocks against the device's series.
+pub fn measure(cx: &Context, blocks: &[usize], boundaries: &[u32]) -> Measured {
+    let d = cx.replay;
+    let n = d.series.len();
+    let mut deltas: Vec<(u32, i64)> = Vec::with_capacity(blocks.len() * 2);
+    let mut live0: i64 = 0;
+    for &bi in blocks {
+        let b = &d.blocks[bi];
+        let size = b.size as i64;
+        match b.alloc_event {
+            Some(a) => deltas.push((a, size)),
+            None => live0 += size,
+        }
+        if let Some(f) = free_event(b) {
+            deltas.push((f, -size));
+        }
+    }
+    deltas.sort_unstable();
+    let peak_idx = d.peaks.allocated.event_index;
+    let mut live = live0;
+    let mut max_live = live0.max(0) as u64;
+    let mut at_peak = if peak_idx.is_none() { live0.max(0) as u64 } else { 0 };
+    let mut peak_without = if n == 0 { None } else { Some(d.series.start.allocated.saturating_sub(live0.max(0) as u64)) };
+    let mut k = 0;
+    let mut bounds = boundaries.iter().copied().peekable();
+    let mut at_bounds: Vec<i64> = Vec::new();
+    for t in 0..n {
+        while bounds.peek().is_some_and(|&b| b as usize <= t) {
+            at_bounds.push(live);
+            bounds.next();
+        }
+        while k < deltas.len() && deltas[k].0 as usize == t {
+            live += deltas[k].1;
+            k += 1;
+        }
+        let l = live.max(0) as u64;
+        max_live = max_live.max(l);
+        if peak_idx == Some(t) {
+            at_peak = l;
+        }
+        let without = d.series.allocated[t].saturating_sub(l);
+        peak_without = Some(peak_without.map_or(without, |p: u64| p.max(without)));
+    }
+    for _ in bounds {
+        at_bounds.push(live);
+    }
+    let at_end = live.max(0) as u64;
+    if !boundaries.is_empty() {
+        at_bounds.push(live);
+    }
+    let mut diffs: Vec<i64> = at_bounds.windows(2).map(|w| w[1] - w[0]).collect();
+    diffs.sort_unstable();
+    let growth = (!diffs.is_empty()).then(|| diffs[diffs.len() / 2]).filter(|&g| g > 0).map(|g| g as u64);
+    Measured { at_end, max_live, at_peak, growth, peak_without }
+}
+
+/// Measure, threshold and render one finding.
+fn finish(cx: &Context, f: Finding) -> Option<Suspect> {
+    let m = measure(cx, &f.blocks, &f.boundaries);
+    let bytes = f.bytes.unwrap_or(match f.severity {
+        Severity::Leak => m.at_end,
+        Severity::Peak | Severity::Waste => m.max_live,
+    });
+    if f.kind.is_leak() && bytes < cx.thresholds.min_suspect_bytes {
+        return None;
+    }
+    let peak = cx.replay.peaks.allocated.value;
+    if f.kind.is_leak() && f.severity == Severity::Peak {
+        let gain = m.peak_without.map_or(bytes, |w| peak.saturating_sub(w)).max(m.at_peak);
+        if (gain as f64) < cx.thresholds.min_peak_share * peak as f64 {
+            return None;
+        }
+    }
+    let growth = if f.severity == Severity::Leak { m.growth } else { None };
+    let peak_without = if f.blocks.is_empty() { None } else { m.peak_without };
+    let stack = stack_sites(cx.snap, f.stack);
+    let mut s = Suspect {
+        kind: f.kind,
+        severity: f.severity,
+        confidence: f.confidence,
+        device: cx.replay.device,
+        bytes,
+        bytes_at_peak: m.at_peak,
+        peak_without,
+        growth_bytes_per_iteration: growth,
+        growth_unit: f.occurrence,
+        site: f.site,
+        stack,
+        iterations: iterations_by(cx),
+        facts: f.facts,
+        evidence: String::new(),
+        advice: String::new(),
+    };
+    s.evidence = render::evidence(&s, cx.replay.peaks.allocated.value);
+    s.advice = render::advice(&s);
+    Some(s)
+}
+
+pub fn stack_sites(snap: &Snapshot, stack: StackId) -> Vec<Site> {
+    snap.stack(stack).frames.iter().map(|&f| Site::of(snap, f)).collect()
+}
+
+fn iterations_by(cx: &Context) -> Option<IterationsBy> {
+    let p = cx.phases;
+    let source = match p.iteration_source {
+        IterationSource::Backward => "backward",
+        IterationSource::Forward => "forward",
+        IterationSource::Annotation => "annotation",
+        IterationSource::None => return None,
+    };
+    Some(IterationsBy {
+        source,
+        site: p.iteration_line.map(|f| Site::of(cx.snap, f)),
+        annotation: p.iteration_annotation.clone(),
+    })
+}
+
+// ------------------------------------------------------------------------------------------
+// Facts shared by several detectors.
+
+impl Context<'_> {
+    pub fn site(&self, f: FrameId) -> Site {
+        Site::of(self.snap, f)
+    }
+
+    /// The stack an event was recorded with.
+    pub fn event_stack(&self, b: &BlockLifetime) -> StackId {
+        b.alloc_event.and_then(|a| self.events.get(a as usize)).map_or(b.stack, |e| e.stack)
+    }
+
+    pub fn attr(&self, b: &BlockLifetime) -> Attr {
+        attribute(self.events, self.phases, self.stacks, b).0
+    }
+
+    /// The iteration a block was allocated in.
+    pub fn iteration_of(&self, b: &BlockLifetime) -> Option<usize> {
+        b.alloc_event.and_then(|a| self.phases.iteration_of(a))
+    }
+
+    /// Iteration starts plus the end of the trace.
+    pub fn iteration_boundaries(&self) -> Vec<u32> {
+        self.phases.boundaries.clone()
+    }
+
+    /// Confidence of a growth finding: more occurrences and a larger share of them leaving memory
+    /// behind make it surer. Ceiling 0.97: a snapshot never proves which reference holds memory.
+    pub fn growth_confidence(&self, kept: usize, eligible: usize) -> f64 {
+        let share = if eligible == 0 { 0.0 } else { kept as f64 / eligible as f64 };
+        (0.5 + 0.05 * kept.min(8) as f64 + 0.1 * share.min(1.0)).min(0.97)
+    }
+
+    /// Are `kept` occurrences out of `eligible` growth (see [`Thresholds`])?
+    pub fn is_growth(&self, kept: usize, eligible: usize) -> bool {
+        kept >= self.thresholds.min_leak_occurrences
+            && kept as f64 >= self.thresholds.leak_occurrence_share * eligible.max(1) as f64
+    }
+
+    /// Kept backward-allocated blocks, grouped by backward line, with whether they look like
+    /// parameter gradients: one per parameter each step, so at least
+    /// `min_gradients_per_step` blocks per step of two or more parameter sizes.
+    pub fn kept_backward_groups(&self) -> Vec<BackwardGroup> {
+        let mut groups: Vec<BackwardGroup> = Vec::new();
+        for (bi, b) in self.replay.blocks.iter().enumerate() {
+            if b.alloc_event.is_none() || free_event(b).is_some() {
+                continue;
+            }
+            let Attr::Backward(line) = self.attr(b) else { continue };
+            let Some(it) = self.iteration_of(b) else { continue };
+            let g = match groups.iter_mut().position(|g| g.line == line) {
+                Some(i) => &mut groups[i],
+                None => {
+                    groups.push(BackwardGroup { line, ..BackwardGroup::default() });
+                    groups.last_mut().expect("just pushed")
+                }
+            };
+            g.blocks.push(bi);
+            g.kept_iterations.insert(it);
+            if self.param_sizes.contains(&b.size) {
+                g.param_sized += 1;
+                g.param_sized_bytes += b.size;
+                g.sizes.insert(b.size);
+            }
+            g.bytes += b.size;
+        }
+        for g in &mut groups {
+            let per_step = g.blocks.len() as u64 / g.kept_iterations.len().max(1) as u64;
+            g.gradient_like = per_step >= self.thresholds.min_gradients_per_step
+                && g.sizes.len() >= 2
+                && g.param_sized_bytes * 2 >= g.bytes;
+        }
+        groups.sort_by(|a, b| a.line.cmp(&b.line));
+        groups
+    }
+
+    /// Iterations in which a backward launched at `line` ran.
+    pub fn backward_iterations(&self, line: Option<FrameId>) -> BTreeSet<usize> {
+        self.phases
+            .backwards
+            .iter()
+            .filter(|b| b.line == line)
+            .filter_map(|b| self.phases.iteration_of(b.span.start))
+            .collect()
+    }
+
+    /// The stack of the allocation that launched the first backward from `line`.
+    pub fn backward_stack(&self, line: Option<FrameId>) -> StackId {
+        self.phases
+            .backwards
+            .iter()
+            .find(|b| b.line == line)
+            .and_then(|b| self.events.get(b.span.start as usize))
+            .map_or(StackId::EMPTY, |e| e.stack)
+    }
+}
+
+/// Kept blocks allocated by backward passes from one line.
+#[derive(Default)]
+pub struct BackwardGroup {
+    pub line: Option<FrameId>,
+    pub blocks: Vec<usize>,
+    pub kept_iterations: BTreeSet<usize>,
+    pub bytes: u64,
+    pub param_sized: u64,
+    pub param_sized_bytes: u64,
+    pub sizes: BTreeSet<u64>,
+    pub gradient_like: bool,
+}
+
+/// Sizes of parameters: blocks alive at the end that were allocated before the trace, or before
+/// the first backward pass outside forward and optimizer (model setup). Gradients have these
+/// sizes; a backward block of another size is an activation gradient or a library workspace.
+pub fn parameter_sizes(
+    stacks: &StackTable,
+    phases: &Phases,
+    d: &DeviceReplay,
+    events: &[TraceEvent],
+) -> BTreeSet<u64> {
+    let first_backward = phases.backwards.first().map_or(u32::MAX, |b| b.span.start);
+    d.blocks
+        .iter()
+        .filter(|b| free_event(b).is_none())
+        .filter(|b| match b.alloc_event {
+            None => true,
+            Some(a) => {
+                let info = stacks.get(events[a as usize].stack);
+                a < first_backward && info.python && !info.forward && !info.optimizer && !info.backward_launch
+            }
+        })
+        .map(|b| b.size)
+        .collect()
+}

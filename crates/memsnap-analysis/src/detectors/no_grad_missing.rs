@@ -1,0 +1,110 @@
+//! `no_grad_missing`: forward passes that no backward consumes, run with grad enabled.
+//!
+//! Mechanism. With grad on, every operation saves tensors for a backward; a pass that is never
+//! backpropagated (evaluation, inference, a logging pass) keeps them until its output dies, and
+//! for good if its output or loss is stored. Under `no_grad` / `inference_mode` only the outputs
+//! outlive the pass. The lifecycle tells both facts per pass: no backward freed any of its
+//! blocks, and many of its blocks outlived it (`grad_on`). Passes whose call site trains and
+//! whose backward had not come yet when the trace ended (deferred backward, an OOM first) are not
+//! evaluation (`AwaitingBackward`) and are left to `retained_graph`.
+//!
+//! Claims: the blocks of those passes alive after each pass's unit ended. Severity `leak` when
+//! they are kept to the end from pass after pass, else `peak`. Near miss: the same loop under
+//! `no_grad` (only outputs survive); a pass consumed by a later backward.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use memsnap_model::{FrameId, StackId};
+
+use super::{Context, Detector, Finding};
+use crate::evidence::{Evidence, Occurrence, Severity, SuspectKind};
+use crate::lifecycle::{BlockFate, UnitFate};
+
+pub struct NoGradMissing;
+
+#[derive(Default)]
+struct Group {
+    units: Vec<usize>,
+    blocks: Vec<usize>,
+    kept_units: BTreeSet<usize>,
+    held: bool,
+    windows: BTreeSet<usize>,
+    saved: Vec<u64>,
+    survived: Vec<u32>,
+    pass_blocks: Vec<u32>,
+    largest: (u64, StackId),
+}
+
+fn median<T: Copy + Ord + Default>(v: &mut [T]) -> T {
+    v.sort_unstable();
+    v.get(v.len() / 2).copied().unwrap_or_default()
+}
+
+impl Detector for NoGradMissing {
+    fn kind(&self) -> SuspectKind {
+        SuspectKind::NoGradMissing
+    }
+
+    fn detect(&self, cx: &Context) -> Vec<Finding> {
+        let lc = cx.lifecycle;
+        let mut groups: BTreeMap<Option<FrameId>, Group> = BTreeMap::new();
+        for (u, unit) in lc.units.iter().enumerate() {
+            if unit.fate != UnitFate::Unconsumed || !unit.grad_on {
+                continue;
+            }
+            let g = groups.entry(unit.call_site).or_default();
+            g.units.push(u);
+            g.saved.push(unit.saved_bytes);
+            g.survived.push(unit.survived_pass);
+            g.pass_blocks.push(unit.pass_blocks);
+            if let Some(w) = cx.phases.eval_windows.iter().position(|w| w.contains(unit.pass_span.start)) {
+                g.windows.insert(w);
+            }
+            for ub in &lc.blocks[u] {
+                if matches!(ub.fate, BlockFate::Temporary) {
+                    continue;
+                }
+                let b = &cx.replay.blocks[ub.block];
+                g.blocks.push(ub.block);
+                match ub.fate {
+                    BlockFate::Kept => {
+                        g.kept_units.insert(u);
+                        g.held = true;
+                    }
+                    BlockFate::ReleasedLater(_) => g.held = true,
+                    _ => {}
+                }
+                if b.size > g.largest.0 {
+                    g.largest = (b.size, cx.event_stack(b));
+                }
+            }
+        }
+        let mut out = Vec::new();
+        for (call, mut g) in groups {
+            let growing = cx.is_growth(g.kept_units.len(), g.units.len());
+            let severity = if growing { Severity::Leak } else { Severity::Peak };
+            let facts = Evidence::NoGradMissing {
+                passes: g.units.len(),
+                windows: g.windows.len().max(1),
+                survived_blocks: median(&mut g.survived),
+                pass_blocks: median(&mut g.pass_blocks),
+                saved_bytes_per_pass: median(&mut g.saved),
+                call_site: call.map(|f| cx.site(f)),
+                graphs_held: g.held,
+            };
+            out.push(Finding {
+                kind: SuspectKind::NoGradMissing,
+                severity,
+                confidence: cx.growth_confidence(g.units.len(), g.units.len()).min(0.95),
+                blocks: g.blocks,
+                occurrence: Occurrence::Pass,
+                boundaries: g.units.iter().map(|&u| lc.units[u].span.start).collect(),
+                bytes: None,
+                site: call.map(|f| cx.site(f)),
+                stack: g.largest.1,
+                facts,
+            });
+        }
+        out
+    }
+}

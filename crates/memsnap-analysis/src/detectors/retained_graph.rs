@@ -1,0 +1,167 @@
+//! `retained_graph`: autograd graphs kept alive past the point where they should be freed.
+//!
+//! Mechanism. A graph's saved tensors are freed by the backward that runs through it. Three
+//! lifecycle facts (see `lifecycle.rs`) mean a graph was kept instead:
+//! - the pass was followed by its backward, which freed none of its blocks
+//!   (`backward(retain_graph=True)`): held until `loss` is rebound next step (severity `peak`), or
+//!   for good when the loss or output is also stored (`leak`). Site: the `.backward()` line.
+//! - the pass ran with grad on, no backward ever consumed it, and its blocks are still alive two
+//!   passes later, after any rebound variable let go: a Python reference (a list of losses, a
+//!   running `total += loss`) keeps the graph. Site: the first kept scalar (the loss or sum the
+//!   user holds), else the line that ran the model.
+//! - the same, for passes awaiting a deferred backward that had not run when the trace ended
+//!   (at an OOM): what filled memory.
+//!
+//! Claims: blocks of units with those fates that are alive past their graph's end. Near misses:
+//! a graph freed by its backward; a graph rebound each step (at most one alive at a time).
+
+use std::collections::BTreeMap;
+
+use memsnap_model::{FrameId, StackId};
+
+use super::{Context, Detector, Finding};
+use crate::evidence::{Evidence, GraphHold, Occurrence, Severity, SuspectKind};
+use crate::lifecycle::{BlockFate, UnitFate};
+
+pub struct RetainedGraph;
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Key {
+    Backward(Option<FrameId>),
+    Kept(Option<FrameId>),
+    Awaiting(Option<FrameId>),
+}
+
+#[derive(Default)]
+struct Group {
+    units: Vec<usize>,
+    blocks: Vec<usize>,
+    /// Kept-to-the-end blocks per occurrence.
+    kept_occurrences: std::collections::BTreeSet<usize>,
+    eligible: usize,
+    /// Candidate scalar roots (allocation event, block).
+    roots: Vec<(u32, usize)>,
+    lines: BTreeMap<FrameId, u64>,
+    largest: (u64, StackId),
+    backward_line: Option<FrameId>,
+}
+
+impl Detector for RetainedGraph {
+    fn kind(&self) -> SuspectKind {
+        SuspectKind::RetainedGraph
+    }
+
+    fn detect(&self, cx: &Context) -> Vec<Finding> {
+        let lc = cx.lifecycle;
+        let th = cx.thresholds;
+        let mut groups: BTreeMap<Key, Group> = BTreeMap::new();
+        for (u, unit) in lc.units.iter().enumerate() {
+            let key = match unit.fate {
+                UnitFate::RetainedByBackward { backward } => Key::Backward(cx.phases.backwards[backward].line),
+                UnitFate::Unconsumed if unit.grad_on => Key::Kept(unit.call_site),
+                UnitFate::AwaitingBackward => Key::Awaiting(unit.call_site),
+                _ => continue,
+            };
+            let g = groups.entry(key).or_default();
+            g.eligible += 1;
+            if let UnitFate::RetainedByBackward { backward } = unit.fate {
+                g.backward_line = cx.phases.backwards[backward].line;
+            }
+            let mut held_any = false;
+            for ub in &lc.blocks[u] {
+                let b = &cx.replay.blocks[ub.block];
+                // A root is a scalar the user's own line made from the pass's result and carried
+                // past the pass (a running `total = total + loss`), not one a library saved
+                // inside a loss function. The first one is where the keeping starts.
+                let info = cx.stacks.get(cx.event_stack(b));
+                if !ub.in_pass
+                    && ub.fate != BlockFate::Temporary
+                    && b.size <= th.scalar_root_bytes
+                    && info.site.is_some()
+                    && info.site == info.innermost_python
+                {
+                    g.roots.push((b.alloc_event.unwrap_or(0), ub.block));
+                }
+                if !matches!(ub.fate, BlockFate::Kept | BlockFate::ReleasedLater(_)) {
+                    continue;
+                }
+                held_any = true;
+                g.blocks.push(ub.block);
+                let stack = cx.event_stack(b);
+                let info = cx.stacks.get(stack);
+                if ub.fate == BlockFate::Kept {
+                    let occ = match key {
+                        Key::Backward(_) => cx.iteration_of(b).unwrap_or(u),
+                        _ => u,
+                    };
+                    g.kept_occurrences.insert(occ);
+                }
+                if ub.in_pass {
+                    if let Some(line) = info.module_call.or(info.site) {
+                        *g.lines.entry(line).or_default() += b.size;
+                    }
+                }
+                if b.size > g.largest.0 {
+                    g.largest = (b.size, stack);
+                }
+            }
+            if held_any {
+                g.units.push(u);
+            }
+        }
+
+        let mut out = Vec::new();
+        for (key, g) in groups {
+            if g.units.len() < th.min_held_graphs {
+                continue;
+            }
+            let growing = cx.is_growth(g.kept_occurrences.len(), g.eligible);
+            let severity = if growing { Severity::Leak } else { Severity::Peak };
+            let (hold, occurrence, call) = match key {
+                Key::Backward(_) => (GraphHold::RetainedByBackward, Occurrence::Iteration, None),
+                Key::Kept(c) => (GraphHold::KeptReference, Occurrence::Pass, c),
+                Key::Awaiting(c) => (GraphHold::AwaitingBackward, Occurrence::Pass, c),
+            };
+            let first_unit = &lc.units[g.units[0]];
+            let forward_call = call.or(first_unit.call_site);
+            let root = g.roots.iter().min().map(|&(_, bi)| bi);
+            let root_stack = root.map(|bi| cx.event_stack(&cx.replay.blocks[bi]));
+            let root_site = root_stack.and_then(|s| cx.stacks.get(s).site);
+            let (site, stack) = match hold {
+                GraphHold::RetainedByBackward => (g.backward_line, cx.backward_stack(g.backward_line)),
+                _ => match (root_site, root_stack) {
+                    (Some(r), Some(s)) => (Some(r), s),
+                    _ => (forward_call, g.largest.1),
+                },
+            };
+            let boundaries = match occurrence {
+                Occurrence::Iteration if cx.phases.boundaries.len() >= 2 => cx.iteration_boundaries(),
+                _ => g.units.iter().map(|&u| lc.units[u].span.start).collect(),
+            };
+            let mut lines: Vec<(FrameId, u64)> = g.lines.into_iter().collect();
+            lines.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+            let facts = Evidence::RetainedGraph {
+                hold,
+                graphs: g.units.len(),
+                held_blocks: g.blocks.len() as u64,
+                forward_call: forward_call.map(|f| cx.site(f)),
+                backward_line: g.backward_line.map(|f| cx.site(f)),
+                root: root_site.map(|f| cx.site(f)),
+                held_lines: lines.iter().take(3).map(|(f, _)| cx.site(*f)).collect(),
+            };
+            out.push(Finding {
+                kind: SuspectKind::RetainedGraph,
+                severity,
+                confidence: cx.growth_confidence(g.units.len(), g.eligible),
+                blocks: g.blocks,
+                occurrence,
+                boundaries,
+                bytes: None,
+                site: site.map(|f| cx.site(f)),
+                stack,
+                facts,
+            });
+        }
+        out
+    }
+}

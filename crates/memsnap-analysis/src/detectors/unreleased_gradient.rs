@@ -1,0 +1,129 @@
+//! `unreleased_gradient`: parameter gradients held when nothing needs them.
+//!
+//! Mechanism. A backward allocates one gradient per parameter (the autograd engine, so without
+//! Python frames under `stacks="python"`; memsnap attributes them to the `.backward()` line) of
+//! the parameter's size. `zero_grad(set_to_none=True)` drops them; `optimizer.step()` reads them.
+//! Two facts are reported:
+//! - kept each step: gradients of step after step still allocated at the end (references to
+//!   `p.grad` stored in a log, then `zero_grad` makes new ones): severity `leak`. Gradients are
+//!   told from a backward hook's tensor by coming several per step, of two or more parameter sizes.
+//! - through evaluation: when an evaluation window starts after training, the last step's
+//!   gradients are still allocated (`zero_grad` at the start of the step, or
+//!   `set_to_none=False`): bounded, severity `waste`.
+//!
+//! Claims: kept gradient-like backward blocks; for the waste fact, the gradients alive at the
+//! window start. Near misses: gradients allocated once and reused; gradients freed before the
+//! evaluation starts; a window made only by checkpoint recomputation (that is backward).
+
+use std::collections::BTreeMap;
+
+use memsnap_model::{BlockState, FrameId};
+
+use super::{Context, Detector, Finding};
+use crate::attribution::Attr;
+use crate::evidence::{Evidence, GradientHold, Occurrence, Severity, SuspectKind};
+use crate::lifecycle::UnitFate;
+
+pub struct UnreleasedGradient;
+
+impl Detector for UnreleasedGradient {
+    fn kind(&self) -> SuspectKind {
+        SuspectKind::UnreleasedGradient
+    }
+
+    fn detect(&self, cx: &Context) -> Vec<Finding> {
+        let mut out = Vec::new();
+        let mut leak_lines = Vec::new();
+        for g in cx.kept_backward_groups().into_iter().filter(|g| g.gradient_like) {
+            let eligible = cx.backward_iterations(g.line).len();
+            if !cx.is_growth(g.kept_iterations.len(), eligible) {
+                continue;
+            }
+            leak_lines.push(g.line);
+            out.push(Finding {
+                kind: SuspectKind::UnreleasedGradient,
+                severity: Severity::Leak,
+                confidence: cx.growth_confidence(g.kept_iterations.len(), eligible),
+                occurrence: Occurrence::Iteration,
+                boundaries: cx.iteration_boundaries(),
+                bytes: None,
+                site: g.line.map(|f| cx.site(f)),
+                stack: cx.backward_stack(g.line),
+                facts: Evidence::UnreleasedGradient {
+                    hold: GradientHold::KeptEachStep {
+                        blocks_per_step: g.blocks.len() as u64 / g.kept_iterations.len().max(1) as u64,
+                        distinct_sizes: g.sizes.len(),
+                    },
+                    blocks: g.blocks.len() as u64,
+                    backward_line: g.line.map(|f| cx.site(f)),
+                },
+                blocks: g.blocks,
+            });
+        }
+        out.extend(through_evaluation(cx, &leak_lines));
+        out
+    }
+}
+
+/// Gradients alive at the start of the evaluation window (among the first 64) where they held the
+/// most bytes.
+fn through_evaluation(cx: &Context, leak_lines: &[Option<FrameId>]) -> Option<Finding> {
+    let phases = cx.phases;
+    let d = cx.replay;
+    // Windows with a real evaluation pass: an unconsumed forward pass inside.
+    let real = |w: &crate::phases::Span| {
+        cx.lifecycle.units.iter().any(|u| u.fate == UnitFate::Unconsumed && w.contains(u.pass_span.start))
+    };
+    let mut best: Option<(u64, usize, Vec<usize>, BTreeMap<Option<FrameId>, u64>)> = None;
+    for (wi, w) in phases.eval_windows.iter().enumerate().take(64) {
+        if !phases.backwards.iter().any(|b| b.span.end <= w.start) || !real(w) {
+            continue;
+        }
+        let t = Some(w.start);
+        let mut bytes = 0;
+        let mut blocks = Vec::new();
+        let mut lines: BTreeMap<Option<FrameId>, u64> = BTreeMap::new();
+        for (bi, b) in d.blocks.iter().enumerate() {
+            let Some(a) = b.alloc_event else { continue };
+            if a >= w.start || b.state_after(t) != Some(BlockState::Allocated) || !cx.param_sizes.contains(&b.size) {
+                continue;
+            }
+            if let Attr::Backward(line) = cx.attr(b) {
+                bytes += b.size;
+                blocks.push(bi);
+                *lines.entry(line).or_default() += b.size;
+            }
+        }
+        if best.as_ref().is_none_or(|x| bytes > x.0) {
+            best = Some((bytes, wi, blocks, lines));
+        }
+    }
+    let (bytes, wi, blocks, lines) = best?;
+    let w = phases.eval_windows[wi];
+    let allocated = d.series.after(Some(w.start as usize)).allocated.max(1);
+    let share = bytes as f64 / allocated as f64;
+    if bytes < cx.thresholds.min_suspect_bytes || share < cx.thresholds.grad_waste_share {
+        return None;
+    }
+    let line = lines.iter().max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0))).and_then(|(l, _)| *l);
+    if leak_lines.contains(&line) {
+        return None;
+    }
+    let passes = phases.forwards.iter().filter(|f| !f.trained && w.contains(f.span.start)).count();
+    Some(Finding {
+        kind: SuspectKind::UnreleasedGradient,
+        severity: Severity::Waste,
+        confidence: (0.55 + 2.0 * share).min(0.9),
+        occurrence: Occurrence::Iteration,
+        boundaries: Vec::new(),
+        bytes: Some(bytes),
+        site: line.map(|f| cx.site(f)),
+        stack: cx.backward_stack(line),
+        facts: Evidence::UnreleasedGradient {
+            hold: GradientHold::ThroughEvaluation { window_start: w.start, passes, share_of_allocated: share },
+            blocks: blocks.len() as u64,
+            backward_line: line.map(|f| cx.site(f)),
+        },
+        blocks,
+    })
+}

@@ -1,0 +1,286 @@
+//! Suspects as typed facts. Detectors decide from numbers and return an [`Evidence`]; the words a
+//! user reads (`evidence`, `advice`) are rendered from it by [`crate::render`], never parsed back.
+
+use std::cmp::Ordering;
+
+use serde::Serialize;
+
+use crate::attribution::Site;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SuspectKind {
+    Oom,
+    RetainedGraph,
+    NoGradMissing,
+    UnreleasedGradient,
+    ReferenceLeak,
+    Fragmentation,
+}
+
+impl SuspectKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            SuspectKind::Oom => "oom",
+            SuspectKind::RetainedGraph => "retained_graph",
+            SuspectKind::NoGradMissing => "no_grad_missing",
+            SuspectKind::UnreleasedGradient => "unreleased_gradient",
+            SuspectKind::ReferenceLeak => "reference_leak",
+            SuspectKind::Fragmentation => "fragmentation",
+        }
+    }
+
+    /// Every kind, in ranking order.
+    pub const ALL: [SuspectKind; 6] = [
+        SuspectKind::Oom,
+        SuspectKind::RetainedGraph,
+        SuspectKind::NoGradMissing,
+        SuspectKind::UnreleasedGradient,
+        SuspectKind::ReferenceLeak,
+        SuspectKind::Fragmentation,
+    ];
+
+    pub fn parse(s: &str) -> Option<SuspectKind> {
+        SuspectKind::ALL.into_iter().find(|k| k.name() == s)
+    }
+
+    /// Kinds about live memory held by references (as opposed to events and allocator states).
+    pub fn is_leak(self) -> bool {
+        matches!(
+            self,
+            SuspectKind::RetainedGraph
+                | SuspectKind::NoGradMissing
+                | SuspectKind::UnreleasedGradient
+                | SuspectKind::ReferenceLeak
+        )
+    }
+}
+
+/// How bad a suspect is, from what its memory does over time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Severity {
+    /// Grows every iteration and is still held at the end: without bound.
+    Leak,
+    /// Inflates the peak and is released later (or is an event that failed: an OOM).
+    Peak,
+    /// Held but bounded: memory a phase never uses.
+    Waste,
+}
+
+impl Severity {
+    pub const ALL: [Severity; 3] = [Severity::Leak, Severity::Peak, Severity::Waste];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Severity::Leak => "leak",
+            Severity::Peak => "peak",
+            Severity::Waste => "waste",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Severity> {
+        Severity::ALL.into_iter().find(|k| k.name() == s)
+    }
+}
+
+/// What repeats in a growth: training iterations, or forward passes of an evaluation window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Occurrence {
+    Iteration,
+    Pass,
+}
+
+impl Occurrence {
+    pub fn name(self) -> &'static str {
+        match self {
+            Occurrence::Iteration => "iteration",
+            Occurrence::Pass => "pass",
+        }
+    }
+}
+
+/// What keeps a graph alive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GraphHold {
+    /// The backward that ran right after the pass freed none of its saved tensors:
+    /// `backward(retain_graph=True)`.
+    RetainedByBackward,
+    /// No backward ran through it (evaluation with grad on) and a Python reference keeps it.
+    KeptReference,
+    /// Graphs kept for a backward that had not run yet when the trace ended (at an OOM, or with
+    /// the training call site's backward still to come).
+    AwaitingBackward,
+}
+
+/// Where the tensors of a reference leak come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LeakOrigin {
+    /// Outputs or intermediates of forward passes whose graphs a backward already freed.
+    TrainedForward,
+    /// Outputs of forward passes run without grad (`no_grad`, `inference_mode`).
+    NoGradForward,
+    /// Tensors made by the user's code outside any model call.
+    UserCode,
+    /// Tensors made by the autograd engine that are not gradients of parameters (a backward hook
+    /// keeping `grad_output`).
+    Backward,
+    /// No stacks recorded: growth measured, origin unknown.
+    Unattributed,
+    /// Dump-time state only (no trace): many live blocks from one line.
+    StateOnly,
+}
+
+/// Where gradients are held.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GradientHold {
+    /// New gradients of every step kept (references to `.grad` stored, then `zero_grad`).
+    KeptEachStep { blocks_per_step: u64, distinct_sizes: usize },
+    /// The last step's gradients stay allocated through an evaluation window.
+    ThroughEvaluation { window_start: u32, passes: usize, share_of_allocated: f64 },
+}
+
+/// Why an OOM happened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OomCause {
+    /// A cached free block was large enough (another stream or pool held it).
+    FreeBlockLargeEnough,
+    /// Enough was cached free, but in pieces: fragmentation.
+    Fragmented,
+    /// The device had room: a per-process limit or memory outside this allocator stopped it.
+    ProcessLimit,
+    /// The device was full.
+    DeviceFull,
+}
+
+/// A holder of memory at a moment: its label and bytes.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Holder {
+    pub label: String,
+    pub bytes: u64,
+}
+
+/// How iterations were delimited (for the words of growth evidence).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct IterationsBy {
+    /// `backward`, `forward`, `annotation` or `none`.
+    pub source: &'static str,
+    pub site: Option<Site>,
+    pub annotation: Option<String>,
+}
+
+/// The facts behind a suspect, per kind.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Evidence {
+    RetainedGraph {
+        hold: GraphHold,
+        /// Forward passes whose graphs were held.
+        graphs: usize,
+        /// Of their blocks, those autograd saved that outlived the point where the graph should
+        /// have been freed.
+        held_blocks: u64,
+        /// The line that runs the model.
+        forward_call: Option<Site>,
+        /// The `.backward()` line (for `RetainedByBackward`).
+        backward_line: Option<Site>,
+        /// The first scalar the user keeps that roots the graph (a loss, a running sum).
+        root: Option<Site>,
+        /// Lines inside the model whose saved tensors are held, largest first (up to 3).
+        held_lines: Vec<Site>,
+    },
+    NoGradMissing {
+        /// Forward passes no backward consumed, and evaluation windows they form.
+        passes: usize,
+        windows: usize,
+        /// Median over those passes of the blocks alive when the pass returned, of its blocks.
+        survived_blocks: u32,
+        pass_blocks: u32,
+        /// Median bytes saved per pass.
+        saved_bytes_per_pass: u64,
+        call_site: Option<Site>,
+        /// Their graphs are also held afterwards (a retained_graph suspect says by what).
+        graphs_held: bool,
+    },
+    ReferenceLeak {
+        origin: LeakOrigin,
+        blocks: u64,
+        /// Occurrences that left blocks behind, of those that allocated at this site.
+        occurrences: usize,
+        eligible: usize,
+        occurrence: Occurrence,
+    },
+    UnreleasedGradient {
+        hold: GradientHold,
+        blocks: u64,
+        backward_line: Option<Site>,
+    },
+    Fragmentation {
+        reserved: u64,
+        allocated: u64,
+        inactive_split: u64,
+        largest_free_block: u64,
+        peak_reserved: u64,
+        allocated_at_peak_reserved: Option<u64>,
+        cached_free_at_end: u64,
+    },
+    Oom {
+        count: usize,
+        event: u32,
+        requested: u64,
+        allocated: u64,
+        reserved: u64,
+        cached_free: u64,
+        largest_free_block: u64,
+        device_free: u64,
+        cause: OomCause,
+        holders: Vec<Holder>,
+        user_chain: Vec<Site>,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Suspect {
+    pub kind: SuspectKind,
+    pub severity: Severity,
+    pub confidence: f64,
+    pub device: u32,
+    /// Bytes at stake: held at the end of the trace (leaks, waste), the most held at once (peak
+    /// problems), or the request (OOMs).
+    pub bytes: u64,
+    /// Of the suspect's memory, bytes live at the peak of allocated memory.
+    pub bytes_at_peak: u64,
+    /// Peak of allocated memory had this suspect's blocks never been allocated (`None`: not
+    /// measurable, e.g. no trace).
+    pub peak_without: Option<u64>,
+    /// Median growth per occurrence of the suspect's live bytes (leaks).
+    pub growth_bytes_per_iteration: Option<u64>,
+    pub growth_unit: Occurrence,
+    pub site: Option<Site>,
+    /// The stack of a representative block, innermost first.
+    pub stack: Vec<Site>,
+    /// How iterations were found (context for growth).
+    pub iterations: Option<IterationsBy>,
+    pub facts: Evidence,
+    /// Rendered from `facts` (see [`crate::render`]).
+    pub evidence: String,
+    pub advice: String,
+}
+
+/// Ranking: OOMs first, then leaks, peak problems, waste; then by bytes at stake, then kind and
+/// site (deterministic).
+pub fn rank(a: &Suspect, b: &Suspect) -> Ordering {
+    let oom = |s: &Suspect| s.kind != SuspectKind::Oom;
+    oom(a)
+        .cmp(&oom(b))
+        .then(a.severity.cmp(&b.severity))
+        .then(b.bytes.cmp(&a.bytes))
+        .then(a.kind.cmp(&b.kind))
+        .then(a.site.cmp(&b.site))
+        .then(a.device.cmp(&b.device))
+}

@@ -1,0 +1,311 @@
+//! The life of every forward-pass block relative to autograd.
+//!
+//! Mechanism. With grad enabled, each operation of a forward pass saves tensors for backward
+//! (inputs of `linear`/`matmul`, outputs of `softmax`/`gelu`, dropout masks, the `log_softmax`
+//! of a loss). They stay alive after the pass returns, referenced by the graph, until a backward
+//! runs through it: `backward()` frees each saved tensor as it consumes it (unless
+//! `retain_graph=True`). Under `no_grad` / `inference_mode` nothing is saved and a pass leaves only
+//! its outputs behind. So, per forward pass (a *unit*: the module calls from one call site plus
+//! the user code that follows it before the next pass or backward, where losses and metrics are
+//! computed):
+//!
+//! - **consumed**: a backward pass freed some of its blocks: a healthy graph. Its blocks still
+//!   alive after that backward are held by Python references, not by the graph.
+//! - **retained by backward**: grad was on, the next thing to run was a backward, and that backward
+//!   freed none of its blocks: the graph was kept (`retain_graph=True`).
+//! - **awaiting backward**: grad was on and no backward consumed it, but the trace ends at an OOM
+//!   after it, or its call site trains (an earlier pass from it was consumed) and no backward has
+//!   run since: a deferred backward that had not come yet (gradient accumulation over kept losses).
+//! - **unconsumed**: no backward ever consumed it: evaluation or inference.
+//!
+//! "Grad was on" is read from the pass itself: how many of its blocks outlived it.
+
+use memsnap_model::{Action, FrameId, TraceEvent};
+use memsnap_replay::DeviceReplay;
+
+use crate::phases::{Phases, Span};
+use crate::stacks::StackTable;
+use crate::thresholds::Thresholds;
+
+/// How a unit's graph ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnitFate {
+    /// Backward pass number `backward` (index into [`Phases::backwards`]) freed its saved tensors.
+    Consumed { backward: usize },
+    /// Backward pass number `backward` ran right after it and freed none of its blocks.
+    RetainedByBackward { backward: usize },
+    /// No backward yet; the program was about to run one (see module docs).
+    AwaitingBackward,
+    /// No backward ever ran through it.
+    Unconsumed,
+}
+
+/// One forward pass and the user code after it.
+#[derive(Clone, Debug)]
+pub struct Unit {
+    /// Index into [`Phases::forwards`].
+    pub pass: usize,
+    /// The module calls.
+    pub pass_span: Span,
+    /// From the pass start to the next pass or backward start.
+    pub span: Span,
+    pub call_site: Option<FrameId>,
+    pub fate: UnitFate,
+    /// Blocks allocated inside the module calls, and of those, alive when the pass returned.
+    pub pass_blocks: u32,
+    pub survived_pass: u32,
+    /// Bytes of this unit's blocks alive when the unit ended (what autograd saved, with grad on).
+    pub saved_bytes: u64,
+    /// Grad was enabled (many blocks outlived the pass).
+    pub grad_on: bool,
+    /// A block of this unit still allocated after this event is held by more than a rebound
+    /// variable: it is the end of the second unit after this one (or the trace end).
+    pub horizon: u32,
+}
+
+/// Where one block of a unit ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockFate {
+    /// Freed before its unit ended.
+    Temporary,
+    /// Freed by a backward pass.
+    FreedByBackward,
+    /// Alive after the point where the graph should have let it go (the consuming backward, the
+    /// backward that retained it, or the unit's horizon), then freed at this event.
+    ReleasedLater(u32),
+    /// Alive after that point and never freed within the trace.
+    Kept,
+    /// Freed after its unit ended but before that point (a rebound variable).
+    Released,
+}
+
+/// One block's place in the lifecycle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnitBlock {
+    /// Index into `DeviceReplay::blocks`.
+    pub block: usize,
+    /// Allocated inside the module calls (not in the user code after them).
+    pub in_pass: bool,
+    pub fate: BlockFate,
+}
+
+/// The lifecycle of every unit of one device.
+pub struct Lifecycle {
+    pub units: Vec<Unit>,
+    /// Blocks of each unit, in allocation order.
+    pub blocks: Vec<Vec<UnitBlock>>,
+    /// Unit of each block of `DeviceReplay::blocks` (`u32::MAX`: none).
+    pub unit_of_block: Vec<u32>,
+}
+
+impl Lifecycle {
+    pub fn unit_of(&self, block: usize) -> Option<usize> {
+        self.unit_of_block.get(block).copied().filter(|&u| u != u32::MAX).map(|u| u as usize)
+    }
+}
+
+fn free_event(b: &memsnap_replay::BlockLifetime) -> Option<u32> {
+    b.free_requested_event.or(b.free_completed_event)
+}
+
+/// Build the lifecycle of one device's forward passes.
+pub fn lifecycle(
+    events: &[TraceEvent],
+    stacks: &StackTable,
+    phases: &Phases,
+    d: &DeviceReplay,
+    th: &Thresholds,
+) -> Lifecycle {
+    let n = events.len() as u32;
+    let fw = &phases.forwards;
+    // Unit spans: a pass, then user code until the next pass or backward starts.
+    let mut units: Vec<Unit> = fw
+        .iter()
+        .enumerate()
+        .map(|(k, f)| {
+            let next_pass = fw.get(k + 1).map_or(n, |g| g.span.start);
+            let j = phases.backwards.partition_point(|b| b.span.start < f.span.end);
+            let next_bw = phases.backwards.get(j).map_or(n, |b| b.span.start);
+            Unit {
+                pass: k,
+                pass_span: f.span,
+                span: Span { start: f.span.start, end: next_pass.min(next_bw).max(f.span.end) },
+                call_site: f.call_site,
+                fate: UnitFate::Unconsumed,
+                pass_blocks: 0,
+                survived_pass: 0,
+                saved_bytes: 0,
+                grad_on: false,
+                horizon: n,
+            }
+        })
+        .collect();
+    for k in 0..units.len() {
+        units[k].horizon = units.get(k + 2).map_or(n, |u| u.span.end);
+    }
+    let unit_at = |i: u32| -> Option<usize> {
+        let k = units.partition_point(|u| u.span.start <= i);
+        (k > 0 && units[k - 1].span.contains(i)).then(|| k - 1)
+    };
+
+    // Which blocks belong to a unit: allocations inside the module calls, and Python-framed
+    // allocations of the code after them that is neither optimizer nor backward.
+    // Inputs made after a backward (or at the start) and before the next pass belong to that
+    // pass: `x, y = next(batches)` then `model(x)`.
+    let next_unit = |a: u32| -> Option<usize> {
+        let k = units.partition_point(|u| u.span.start <= a);
+        let u = units.get(k)?;
+        let j = phases.backwards.partition_point(|b| b.span.start <= a);
+        phases.backwards.get(j).is_none_or(|b| b.span.start >= u.span.start).then_some(k)
+    };
+    // Blocks that are not autograd's to free: private pools (CUDA graphs own their memory), and
+    // one-off blocks never freed whose stack and size never recur (a library's workspace or
+    // lazily made state, created the first time an operation runs).
+    let private = private_pool_blocks(d);
+    let mut recurrence: std::collections::HashMap<(memsnap_model::StackId, u64), u32> = Default::default();
+    for b in d.blocks.iter().filter(|b| b.alloc_event.is_some()) {
+        *recurrence.entry((events[b.alloc_event.unwrap_or(0) as usize].stack, b.size)).or_default() += 1;
+    }
+    let mut unit_of_block = vec![u32::MAX; d.blocks.len()];
+    let mut members: Vec<Vec<(usize, bool)>> = vec![Vec::new(); units.len()];
+    let mut consumer: Vec<Option<usize>> = vec![None; units.len()];
+    for (bi, b) in d.blocks.iter().enumerate() {
+        let Some(a) = b.alloc_event else { continue };
+        let stack = events[a as usize].stack;
+        let info = stacks.get(stack);
+        if !info.python || info.recompute || info.backward_launch || info.optimizer || private[bi] {
+            continue;
+        }
+        if free_event(b).is_none() && recurrence.get(&(stack, b.size)) == Some(&1) {
+            continue;
+        }
+        let Some(u) = unit_at(a).or_else(|| if info.forward { None } else { next_unit(a) }) else { continue };
+        let in_pass = units[u].pass_span.contains(a) && info.forward;
+        if !in_pass && info.forward {
+            continue;
+        }
+        unit_of_block[bi] = u as u32;
+        members[u].push((bi, in_pass));
+        if let Some(f) = free_event(b) {
+            if let Some(bw) = backward_index(phases, f) {
+                if phases.backwards[bw].span.start > a {
+                    consumer[u] = Some(consumer[u].map_or(bw, |c: usize| c.min(bw)));
+                }
+            }
+        }
+    }
+    let alive_after = |b: &memsnap_replay::BlockLifetime, t: u32| free_event(b).is_none_or(|f| f > t);
+
+    // Grad evidence and fates.
+    for (u, unit) in units.iter_mut().enumerate() {
+        let last_pass_event = unit.pass_span.end.saturating_sub(1);
+        let last_unit_event = unit.span.end.saturating_sub(1);
+        for &(bi, in_pass) in &members[u] {
+            let b = &d.blocks[bi];
+            if in_pass {
+                unit.pass_blocks += 1;
+                if alive_after(b, last_pass_event) {
+                    unit.survived_pass += 1;
+                }
+            }
+            if alive_after(b, last_unit_event) {
+                unit.saved_bytes += b.size;
+            }
+        }
+        unit.grad_on = unit.pass_blocks >= th.min_pass_blocks
+            && unit.survived_pass >= th.min_saved_blocks
+            && unit.survived_pass as f64 >= th.saved_fraction * unit.pass_blocks as f64;
+        unit.fate = match consumer[u] {
+            Some(bw) => UnitFate::Consumed { backward: bw },
+            None => {
+                let next = phases.backwards.partition_point(|b| b.span.start < unit.span.end);
+                match phases.backwards.get(next) {
+                    Some(b) if unit.grad_on && b.span.start == unit.span.end => {
+                        UnitFate::RetainedByBackward { backward: next }
+                    }
+                    _ => UnitFate::Unconsumed,
+                }
+            }
+        };
+    }
+
+    // Awaiting backward: unconsumed grad-on units after the last backward, when the trace ends at
+    // an OOM, or when their call site trains.
+    let last_bw_start = phases.backwards.last().map(|b| b.span.start);
+    let last_oom = events.iter().rposition(|e| e.action == Action::Oom).map(|i| i as u32);
+    let mut site_last_consumed: Vec<(Option<FrameId>, u32)> = Vec::new();
+    for unit in &units {
+        if matches!(unit.fate, UnitFate::Consumed { .. }) {
+            match site_last_consumed.iter_mut().find(|s| s.0 == unit.call_site) {
+                Some(s) => s.1 = s.1.max(unit.span.start),
+                None => site_last_consumed.push((unit.call_site, unit.span.start)),
+            }
+        }
+    }
+    for unit in units.iter_mut() {
+        if unit.fate != UnitFate::Unconsumed || !unit.grad_on {
+            continue;
+        }
+        let after_last_backward = last_bw_start.is_none_or(|s| s < unit.span.start);
+        let oom_after = last_oom.is_some_and(|o| o >= unit.span.start);
+        let site_trains = site_last_consumed.iter().any(|s| s.0 == unit.call_site && s.1 < unit.span.start);
+        // A pass that raised an OOM never reached its backward: the exception unwound it.
+        let interrupted = events[unit.span.start as usize..unit.span.end as usize].iter().any(|e| e.action == Action::Oom);
+        if interrupted || after_last_backward && (oom_after || site_trains) {
+            unit.fate = UnitFate::AwaitingBackward;
+        }
+    }
+
+    let blocks = members
+        .iter()
+        .enumerate()
+        .map(|(u, m)| {
+            let unit = &units[u];
+            let letgo = match unit.fate {
+                UnitFate::Consumed { backward } | UnitFate::RetainedByBackward { backward } => {
+                    phases.backwards[backward].span.end.saturating_sub(1)
+                }
+                UnitFate::AwaitingBackward | UnitFate::Unconsumed => unit.horizon.saturating_sub(1),
+            };
+            m.iter()
+                .map(|&(bi, in_pass)| {
+                    let b = &d.blocks[bi];
+                    let end = if in_pass { unit.pass_span.end } else { unit.span.end };
+                    let fate = match free_event(b) {
+                        Some(f) if f < end => BlockFate::Temporary,
+                        Some(f) if phases.backward_at(f).is_some() && f <= letgo => BlockFate::FreedByBackward,
+                        Some(f) if f <= letgo => BlockFate::Released,
+                        Some(f) => BlockFate::ReleasedLater(f),
+                        None => BlockFate::Kept,
+                    };
+                    UnitBlock { block: bi, in_pass, fate }
+                })
+                .collect()
+        })
+        .collect();
+    Lifecycle { units, blocks, unit_of_block }
+}
+
+/// For each block of `d.blocks`: does it live in a private pool (CUDA graph capture)?
+fn private_pool_blocks(d: &DeviceReplay) -> Vec<bool> {
+    let mut ranges: Vec<(u64, u64)> = d
+        .segments
+        .iter()
+        .filter(|s| s.pool_id != (0, 0))
+        .map(|s| (s.address, s.address.saturating_add(s.size)))
+        .collect();
+    ranges.sort_unstable();
+    d.blocks
+        .iter()
+        .map(|b| {
+            let k = ranges.partition_point(|r| r.0 <= b.address);
+            k > 0 && b.address < ranges[k - 1].1
+        })
+        .collect()
+}
+
+/// Index of the backward pass containing event `i`.
+fn backward_index(phases: &Phases, i: u32) -> Option<usize> {
+    let k = phases.backwards.partition_point(|b| b.span.start <= i);
+    (k > 0 && phases.backwards[k - 1].span.contains(i)).then(|| k - 1)
+}

@@ -1,0 +1,226 @@
+//! The words of a suspect, rendered from its typed facts. Nothing here decides anything.
+
+use crate::attribution::Site;
+use crate::evidence::{Evidence, GradientHold, GraphHold, LeakOrigin, OomCause, Severity, Suspect};
+
+pub fn fmt_bytes(b: u64) -> String {
+    memsnap_model::format_bytes(b, 2)
+}
+
+fn site(s: &Option<Site>) -> String {
+    s.as_ref().map_or("an unknown line".to_string(), |s| s.short())
+}
+
+fn plural(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// The shared tail: what the memory does over time and what the peak would be without it.
+fn numbers(s: &Suspect, peak: u64) -> String {
+    let mut parts = Vec::new();
+    match s.severity {
+        Severity::Leak => {
+            parts.push(format!("{} still allocated at the end of the trace", fmt_bytes(s.bytes)));
+            if let Some(g) = s.growth_bytes_per_iteration {
+                parts.push(format!("growing by {} per {} (median)", fmt_bytes(g), s.growth_unit.name()));
+            }
+        }
+        Severity::Peak => parts.push(format!("up to {} held at once, released later", fmt_bytes(s.bytes))),
+        Severity::Waste => parts.push(format!("{} held, bounded", fmt_bytes(s.bytes))),
+    }
+    if let Some(w) = s.peak_without {
+        if w < peak {
+            parts.push(format!("peak {}, {} without this", fmt_bytes(peak), fmt_bytes(w)));
+        }
+    }
+    if let Some(it) = &s.iterations {
+        if matches!(s.severity, Severity::Leak) && s.growth_unit == crate::evidence::Occurrence::Iteration {
+            let by = match (it.source, &it.site, &it.annotation) {
+                ("annotation", _, Some(a)) => format!("the annotation {a:?}"),
+                ("backward", Some(l), _) => format!("the backward pass at {}", l.short()),
+                ("forward", Some(l), _) => format!("the forward call at {}", l.short()),
+                _ => "repeated calls".to_string(),
+            };
+            parts.push(format!("iterations delimited by {by}"));
+        }
+    }
+    parts.join("; ")
+}
+
+pub fn evidence(s: &Suspect, peak: u64) -> String {
+    let tail = numbers(s, peak);
+    match &s.facts {
+        Evidence::RetainedGraph { hold, graphs, held_blocks, forward_call, backward_line, root, held_lines } => {
+            let lines = if held_lines.is_empty() {
+                String::new()
+            } else {
+                format!(" (saved at {})", held_lines.iter().map(|l| l.short()).collect::<Vec<_>>().join(", "))
+            };
+            let head = match hold {
+                GraphHold::RetainedByBackward => format!(
+                    "The backward pass at {} ran right after each of {} forward passes (called at {}) and freed none of their {}{}: the graph was kept (`retain_graph=True`).",
+                    site(backward_line),
+                    graphs,
+                    site(forward_call),
+                    plural(*held_blocks, "saved tensor", "saved tensors"),
+                    lines
+                ),
+                GraphHold::KeptReference => format!(
+                    "{} forward passes called at {} ran with grad enabled and no backward; their graphs ({}{}) were still alive two passes later, so a reference keeps them{}.",
+                    graphs,
+                    site(forward_call),
+                    plural(*held_blocks, "saved tensor", "saved tensors"),
+                    lines,
+                    root.as_ref().map_or(String::new(), |r| format!(", rooted at the value made at {}", r.short()))
+                ),
+                GraphHold::AwaitingBackward => format!(
+                    "{} forward passes called at {} built graphs ({}{}) for a backward that had not run when the trace ended{}.",
+                    graphs,
+                    site(forward_call),
+                    plural(*held_blocks, "saved tensor", "saved tensors"),
+                    lines,
+                    root.as_ref().map_or(String::new(), |r| format!("; they are kept through the value made at {}", r.short()))
+                ),
+            };
+            format!("{head} {tail}.")
+        }
+        Evidence::NoGradMissing {
+            passes,
+            windows,
+            survived_blocks,
+            pass_blocks,
+            saved_bytes_per_pass,
+            call_site,
+            graphs_held,
+        } => format!(
+            "{} forward passes called at {} ({}) were never followed by a backward that used them, yet {} of the {} blocks a pass allocates outlived it ({} per pass): autograd saved them for a backward that never comes{}. {tail}.",
+            passes,
+            site(call_site),
+            plural(*windows as u64, "evaluation window", "evaluation windows"),
+            survived_blocks,
+            pass_blocks,
+            fmt_bytes(*saved_bytes_per_pass),
+            if *graphs_held { ", and the graphs are kept afterwards" } else { "" }
+        ),
+        Evidence::ReferenceLeak { origin, blocks, occurrences, eligible, occurrence } => {
+            let what = match origin {
+                LeakOrigin::TrainedForward => "outputs or intermediates of forward passes whose graphs a backward already freed, so no graph holds them",
+                LeakOrigin::NoGradForward => "outputs of forward passes run without grad, so no graph holds them",
+                LeakOrigin::UserCode => "tensors made at this line outside any model call",
+                LeakOrigin::Backward => "tensors made by the autograd engine that are not parameter gradients (the gradient of an activation, as a backward hook receives it)",
+                LeakOrigin::Unattributed => "tensors recorded without stacks, so the line that made them cannot be named",
+                LeakOrigin::StateOnly => "live at the dump from this one line (the file has no trace: this rests on the dump-time state only)",
+            };
+            if *origin == LeakOrigin::StateOnly {
+                format!("{} {what}. {tail}.", plural(*blocks, "block", "blocks"))
+            } else {
+                format!(
+                    "{} from {} of {} {}s are still allocated at the end: {what}; a reference outlives each {}. {tail}.",
+                    plural(*blocks, "block", "blocks"),
+                    occurrences,
+                    eligible,
+                    occurrence.name(),
+                    occurrence.name()
+                )
+            }
+        }
+        Evidence::UnreleasedGradient { hold, blocks, backward_line } => match hold {
+            GradientHold::KeptEachStep { blocks_per_step, distinct_sizes } => format!(
+                "{} allocated by the backward pass at {} ({} per step, of {} parameter sizes) are still allocated: gradients of every step kept. {tail}.",
+                plural(*blocks, "block", "blocks"),
+                site(backward_line),
+                blocks_per_step,
+                distinct_sizes
+            ),
+            GradientHold::ThroughEvaluation { window_start, passes, share_of_allocated } => format!(
+                "When evaluation began (event {}, {} forward passes without backward), {} of parameter sizes from the backward pass at {} were still allocated ({:.0}% of allocated memory): gradients held through a phase that never uses them. {tail}.",
+                window_start,
+                passes,
+                plural(*blocks, "block", "blocks"),
+                site(backward_line),
+                100.0 * share_of_allocated
+            ),
+        },
+        Evidence::Fragmentation {
+            reserved,
+            allocated,
+            inactive_split,
+            largest_free_block,
+            peak_reserved,
+            allocated_at_peak_reserved,
+            ..
+        } => format!(
+            "At dump {} is reserved but only {} allocated; {} ({:.0}% of reserved) is free but inside split segments that also hold live blocks, so neither larger requests nor empty_cache() can use it. Largest free block {}. Reserved peaked at {}{}.",
+            fmt_bytes(*reserved),
+            fmt_bytes(*allocated),
+            fmt_bytes(*inactive_split),
+            100.0 * *inactive_split as f64 / (*reserved).max(1) as f64,
+            fmt_bytes(*largest_free_block),
+            fmt_bytes(*peak_reserved),
+            allocated_at_peak_reserved.map_or(String::new(), |a| format!(" while {} was allocated", fmt_bytes(a)))
+        ),
+        Evidence::Oom {
+            count,
+            event,
+            requested,
+            allocated,
+            reserved,
+            cached_free,
+            largest_free_block,
+            device_free,
+            cause,
+            holders,
+            user_chain,
+        } => {
+            let cause = match cause {
+                OomCause::FreeBlockLargeEnough => "a free cached block was large enough, so another stream or pool held it".to_string(),
+                OomCause::Fragmented => format!(
+                    "{} was cached free but the largest free block was only {}: fragmentation",
+                    fmt_bytes(*cached_free),
+                    fmt_bytes(*largest_free_block)
+                ),
+                OomCause::ProcessLimit => format!(
+                    "the device still had {} free, so a per-process limit (`set_per_process_memory_fraction`) or memory outside this allocator stopped it",
+                    fmt_bytes(*device_free)
+                ),
+                OomCause::DeviceFull => format!("the device had only {} free: the GPU was full", fmt_bytes(*device_free)),
+            };
+            let chain: Vec<String> = user_chain.iter().map(|s| s.short()).collect();
+            let held: Vec<String> = holders.iter().map(|h| format!("{} {}", fmt_bytes(h.bytes), h.label)).collect();
+            format!(
+                "{} OOM {}; the last one under user code{} asked for {} (event {}) while {} was allocated and {} reserved ({} cached free, largest free block {}); {}. Memory was held by: {}.",
+                count,
+                if *count == 1 { "event" } else { "events" },
+                if chain.is_empty() { String::new() } else { format!(" ({})", chain.join(" <- ")) },
+                fmt_bytes(*requested),
+                event,
+                fmt_bytes(*allocated),
+                fmt_bytes(*reserved),
+                fmt_bytes(*cached_free),
+                fmt_bytes(*largest_free_block),
+                cause,
+                if held.is_empty() { "nothing".to_string() } else { held.join("; ") }
+            )
+        }
+    }
+}
+
+pub fn advice(s: &Suspect) -> String {
+    match &s.facts {
+        Evidence::RetainedGraph { hold: GraphHold::RetainedByBackward, .. } => "Drop `retain_graph=True` unless a second backward through the same graph follows; if the loss or outputs are also stored, store `loss.item()` / `out.detach()`. To carry state across steps (RNN hidden state), `detach()` it at each step.".into(),
+        Evidence::RetainedGraph { hold: GraphHold::KeptReference, .. } => "Keep numbers, not tensors with history: `losses.append(loss.item())`, `total += loss.item()`, `outs.append(out.detach().cpu())`; and run evaluation under `torch.no_grad()` so no graph is built.".into(),
+        Evidence::RetainedGraph { hold: GraphHold::AwaitingBackward, .. } => "Each kept loss holds its whole graph until the backward runs: call `backward()` per micro-batch (gradients accumulate in `.grad`) instead of collecting losses, or run fewer micro-batches per step.".into(),
+        Evidence::NoGradMissing { .. } => "Wrap the whole evaluation loop in `with torch.no_grad():` (or `torch.inference_mode()`), not just the model call, and keep only detached results: `preds.append(out.argmax(-1).cpu())`, `losses.append(loss.item())`.".into(),
+        Evidence::ReferenceLeak { origin: LeakOrigin::Unattributed, .. } => "Record with stacks (`torch.cuda.memory._record_memory_history(stacks=\"python\")`) and dump again so memsnap can name the line; meanwhile look for tensors appended to lists or caches every iteration.".into(),
+        Evidence::ReferenceLeak { origin: LeakOrigin::Backward, .. } => "Look for backward hooks (`register_full_backward_hook`, `Tensor.register_hook`) that store tensors; keep `t.detach().cpu()` or a statistic (`t.norm().item()`), or clear the container every step.".into(),
+        Evidence::ReferenceLeak { .. } => "Find what keeps these tensors alive (a forward hook, a dict cache, a closure, a global list) and bound it: clear or evict entries, `del` the reference, or keep `t.detach().cpu()` / a summary statistic instead of the GPU tensor.".into(),
+        Evidence::UnreleasedGradient { hold: GradientHold::KeptEachStep { .. }, .. } => "Do not keep references to `.grad` tensors: store `p.grad.norm().item()` or `p.grad.detach().cpu()`, and clear gradients with `optimizer.zero_grad(set_to_none=True)`.".into(),
+        Evidence::UnreleasedGradient { hold: GradientHold::ThroughEvaluation { .. }, .. } => "Release gradients before evaluating: `optimizer.zero_grad(set_to_none=True)` right after `optimizer.step()` (not at the start of the next step, and not `set_to_none=False`).".into(),
+        Evidence::Fragmentation { cached_free_at_end, .. } => format!(
+            "Set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` so segments grow instead of splitting; make tensor sizes uniform (pad or bucket variable-length batches); allocate long-lived tensors up front, not between short-lived ones; call `torch.cuda.empty_cache()` only at phase boundaries. ({} cached free at the end.)",
+            fmt_bytes(*cached_free_at_end)
+        ),
+        Evidence::Oom { cause: OomCause::Fragmented, .. } => "Set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` to avoid fragmentation, or free the largest holders listed in the evidence before this allocation.".into(),
+        Evidence::Oom { .. } => "Reduce what is live at this point: the largest holders are listed in the evidence (free them or move them to CPU first); otherwise reduce the batch size or sequence length, use activation checkpointing or mixed precision, or raise the process memory limit.".into(),
+    }
+}

@@ -1,0 +1,88 @@
+//! Every number a detector decides with, in one place, each with its reason.
+//!
+//! The numbers are not fitted to fixtures: each rests on how autograd and the caching allocator
+//! behave (the reason says how). Tests mutate them through [`Thresholds`] to show that each one
+//! matters (`tests/thresholds.rs`).
+
+/// The thresholds of every detector. [`Thresholds::DEFAULT`] is what `analyze` uses.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Thresholds {
+    /// Bytes below which a suspect is not reported (1 MiB). Below it, no change a user could make
+    /// matters next to a CUDA context (~500 MiB) and the allocator's 2 MiB small-pool segments.
+    pub min_suspect_bytes: u64,
+    /// A forward pass is judged for "grad enabled" only when it allocated at least this many
+    /// blocks (4): with fewer, the output alone is a large share of what it allocated.
+    pub min_pass_blocks: u32,
+    /// Blocks of a forward pass still alive when it returns, beyond which autograd saved them (3).
+    /// Under `no_grad` only the outputs survive a pass (one tensor, or a few for modules that
+    /// return several); with grad enabled every operation's saved inputs survive.
+    pub min_saved_blocks: u32,
+    /// Share of a pass's blocks alive when it returns that means autograd saved them (0.3). With
+    /// grad enabled most operations save an input or output (linear, matmul, norms, activations,
+    /// softmax, dropout masks): typically 50-80% survive. Under `no_grad` the outputs survive, plus
+    /// a KV cache (2 tensors per layer of ~15 allocations): under 20%.
+    pub saved_fraction: f64,
+    /// Share of the peak that a suspect of severity `peak` must account for (0.05): one that is
+    /// released later matters only through the peak, and a few percent of it is within what batch
+    /// composition and allocator rounding move anyway.
+    pub min_peak_share: f64,
+    /// Distinct occurrences (iterations or passes) that must leave memory behind for growth to be
+    /// a leak (3). Two could be a pair of buffers swapped each step; three kept copies of the
+    /// same thing are accumulation.
+    pub min_leak_occurrences: usize,
+    /// Share of the occurrences that allocated at a site which must leave memory behind for it to
+    /// be growth (0.5): a cache that keeps one entry in ten is bounded by its policy, not leaking.
+    pub leak_occurrence_share: f64,
+    /// Units whose graphs must still be alive two passes later before a kept graph is reported
+    /// (2). Rebinding a variable (`loss = ...`) keeps at most one previous graph alive at a time.
+    pub min_held_graphs: usize,
+    /// Blocks of this size or less are the scalar roots users keep (512 B: the allocator's
+    /// smallest block; a 0-dim loss or a running sum is one such block).
+    pub scalar_root_bytes: u64,
+    /// Kept backward blocks per step that mean gradients rather than a hook's tensor (2): a
+    /// backward allocates one gradient per parameter, and every model has weights and biases.
+    pub min_gradients_per_step: u64,
+    /// Share of allocated memory that gradients must hold at the start of an evaluation window to
+    /// be reported as waste (0.01): below it, clearing them would not change the peak measurably.
+    pub grad_waste_share: f64,
+    /// Same-site live blocks that make a state-only leak suspect (8): with no trace, a line that
+    /// holds many blocks of one kind at dump time (not parameters, optimizer state or gradients)
+    /// is what a cache or a list of outputs looks like.
+    pub state_min_same_site_blocks: u64,
+    /// Confidence ceiling of a suspect that rests on the dump-time state alone (0.5).
+    pub state_only_confidence: f64,
+    /// Fragmentation: inactive split bytes at least this large (32 MiB)...
+    pub fragmentation_min_split_bytes: u64,
+    /// ... and at least this share of reserved memory (0.3) ...
+    pub fragmentation_min_split_share: f64,
+    /// ... while allocated memory is at most this share of reserved (0.6). Split free blocks are
+    /// memory that neither larger requests nor `empty_cache()` can use.
+    pub fragmentation_max_allocated_share: f64,
+}
+
+impl Thresholds {
+    pub const DEFAULT: Thresholds = Thresholds {
+        min_suspect_bytes: 1 << 20,
+        min_pass_blocks: 4,
+        min_saved_blocks: 3,
+        saved_fraction: 0.3,
+        min_peak_share: 0.05,
+        min_leak_occurrences: 3,
+        leak_occurrence_share: 0.5,
+        min_held_graphs: 2,
+        scalar_root_bytes: 512,
+        min_gradients_per_step: 2,
+        grad_waste_share: 0.01,
+        state_min_same_site_blocks: 8,
+        state_only_confidence: 0.5,
+        fragmentation_min_split_bytes: 32 << 20,
+        fragmentation_min_split_share: 0.3,
+        fragmentation_max_allocated_share: 0.6,
+    };
+}
+
+impl Default for Thresholds {
+    fn default() -> Self {
+        Thresholds::DEFAULT
+    }
+}

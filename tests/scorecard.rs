@@ -1,0 +1,190 @@
+//! The diagnosis scorecard: every real fixture with a truth file is analysed and judged against
+//! what its generator planted (`# PLANTED: kind` lines, copied into `NAME.truth.json`).
+//!
+//! Rules (docs/detectors.md, "Scorecard"):
+//! - each planted kind is named by a suspect of that kind at a planted line of the script (the
+//!   suspect's site or a frame of its stack). A planted line that no recorded stack of the file
+//!   contains (a line that allocates nothing, such as `losses.append(loss)` or a hook's body) cannot
+//!   be named by any tool; then the kind alone must be named, and the card says so;
+//! - where the truth says the expected severity, the suspect has it;
+//! - no other leak-kind suspect of 1 MiB or more with severity `leak` or `peak` of a kind that was
+//!   not planted (a `waste` suspect is advice, e.g. gradients resident through a no_grad
+//!   evaluation because `zero_grad` runs at the start of the step: true of many clean programs);
+//! - clean fixtures have no suspect of severity `leak`.
+//!
+//! It prints the card (recall, wrong kinds, false positives) and fails on any miss.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+const MIB: u64 = 1 << 20;
+
+/// Kind names older truth files use for the same bug.
+fn normalize(kind: &str) -> &str {
+    match kind {
+        "retain_graph" => "retained_graph",
+        "unreleased_grad" => "unreleased_gradient",
+        k => k,
+    }
+}
+
+struct Fixture {
+    snapshot: PathBuf,
+    truth: Value,
+}
+
+fn fixtures() -> Vec<Fixture> {
+    let mut out = Vec::new();
+    for dir in ["dev", "extra", "extra2", "extra3", "multi"] {
+        let d = common::fixture(dir);
+        if !d.is_dir() {
+            continue;
+        }
+        for truth in common::files_in(&d, |n| n.ends_with(".truth.json")) {
+            let stem = truth.file_name().unwrap().to_str().unwrap().trim_end_matches(".truth.json").to_string();
+            let t: Value = serde_json::from_str(&std::fs::read_to_string(&truth).unwrap()).unwrap();
+            // One truth file may cover several snapshots (per-rank dumps share none here).
+            for ext in [".pickle.xz", ".pickle"] {
+                let p = d.join(format!("{stem}{ext}"));
+                if p.is_file() {
+                    out.push(Fixture { snapshot: p, truth: t.clone() });
+                    break;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `(basename, line)` of every frame of every stack the file recorded.
+fn recorded_lines(path: &Path) -> BTreeSet<(String, u32)> {
+    let mut data = std::fs::read(path).unwrap();
+    if path.extension().is_some_and(|e| e == "xz") {
+        let mut out = Vec::new();
+        xz2::read::XzDecoder::new(&data[..]).read_to_end(&mut out).unwrap();
+        data = out;
+    }
+    let snap = memsnap_model::read_snapshot(&data).unwrap();
+    snap.frames.iter().map(|f| (basename(snap.str(f.filename)).to_string(), f.line)).collect()
+}
+
+fn basename(p: &str) -> &str {
+    p.rsplit('/').next().unwrap_or(p)
+}
+
+fn at_lines(s: &Value, script: &str, lines: &BTreeSet<u32>) -> bool {
+    let hit = |f: &Value| {
+        f["filename"].as_str().is_some_and(|n| basename(n) == script)
+            && f["line"].as_u64().is_some_and(|l| lines.contains(&(l as u32)))
+    };
+    s["site"].is_object() && hit(&s["site"]) || s["stack"].as_array().is_some_and(|st| st.iter().any(hit))
+}
+
+#[derive(Default)]
+struct Card {
+    planted: usize,
+    named: usize,
+    kind_only: usize,
+    wrong: usize,
+    false_positive: usize,
+    rows: Vec<String>,
+    failures: Vec<String>,
+}
+
+#[test]
+fn scorecard_over_real_fixtures() {
+    let fixtures = fixtures();
+    assert!(fixtures.len() >= 30, "expected the bundled fixtures, found {}", fixtures.len());
+    let mut card = Card::default();
+    for fx in &fixtures {
+        let name = fx.snapshot.file_name().unwrap().to_str().unwrap().to_string();
+        let script = fx.truth["script"].as_str().map(basename).unwrap_or("").to_string();
+        let mut planted: BTreeMap<String, BTreeSet<u32>> = BTreeMap::new();
+        for p in fx.truth["planted"].as_array().into_iter().flatten() {
+            let kind = normalize(p["kind"].as_str().unwrap()).to_string();
+            planted.entry(kind).or_default().insert(p["line"].as_u64().unwrap() as u32);
+        }
+        let expected_severity: BTreeMap<String, String> = fx.truth["expect"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| Some((normalize(e["kind"].as_str()?).to_string(), e["severity"].as_str()?.to_string())))
+            .collect();
+        let a = common::memsnap(&["analyze", "--json", fx.snapshot.to_str().unwrap()]).json();
+        let suspects = a["suspects"].as_array().cloned().unwrap_or_default();
+        let recorded = recorded_lines(&fx.snapshot);
+        let mut notes = Vec::new();
+        for (kind, lines) in &planted {
+            card.planted += 1;
+            let of_kind: Vec<&Value> = suspects.iter().filter(|s| s["kind"] == kind.as_str()).collect();
+            let observable = lines.iter().any(|l| recorded.contains(&(script.clone(), *l)));
+            let named = of_kind.iter().find(|s| at_lines(s, &script, lines));
+            let found = match (named, observable) {
+                (Some(s), _) => {
+                    card.named += 1;
+                    notes.push(format!("{kind} at line ✓"));
+                    Some(*s)
+                }
+                (None, false) if !of_kind.is_empty() => {
+                    card.kind_only += 1;
+                    notes.push(format!("{kind} ✓ (planted line {lines:?} allocates nothing: kind only)"));
+                    Some(of_kind[0])
+                }
+                _ => {
+                    let got: Vec<String> =
+                        of_kind.iter().map(|s| format!("{}", s["site"]["line"])).collect();
+                    card.failures.push(format!("{name}: {kind} not named at {script}:{lines:?} (got lines {got:?})"));
+                    notes.push(format!("{kind} MISSED"));
+                    None
+                }
+            };
+            if let (Some(s), Some(sev)) = (found, expected_severity.get(kind)) {
+                if s["severity"] != sev.as_str() {
+                    card.failures.push(format!("{name}: {kind} has severity {} , expected {sev}", s["severity"]));
+                }
+            }
+        }
+        for s in &suspects {
+            let kind = s["kind"].as_str().unwrap();
+            let severity = s["severity"].as_str().unwrap();
+            let leak_kind = matches!(kind, "retained_graph" | "no_grad_missing" | "unreleased_gradient" | "reference_leak");
+            let bytes = s["bytes"].as_u64().unwrap();
+            if planted.is_empty() && severity == "leak" {
+                card.false_positive += 1;
+                card.failures.push(format!("{name}: clean, yet {kind} [{severity}] {bytes} bytes"));
+            } else if leak_kind && !planted.contains_key(kind) && severity != "waste" && bytes >= MIB {
+                card.wrong += 1;
+                card.failures.push(format!("{name}: wrong kind {kind} [{severity}] {bytes} bytes"));
+            }
+        }
+        let shown: Vec<String> = suspects
+            .iter()
+            .map(|s| format!("{}[{}]@{}", s["kind"].as_str().unwrap(), s["severity"].as_str().unwrap(), s["site"]["line"]))
+            .collect();
+        card.rows.push(format!(
+            "{name:<52} {:<6} {} | {}",
+            if planted.is_empty() { "clean" } else { "bug" },
+            notes.join(", "),
+            shown.join(" ")
+        ));
+    }
+    println!("SCORECARD ({} fixtures)", fixtures.len());
+    for r in &card.rows {
+        println!("  {r}");
+    }
+    println!(
+        "recall {}/{} ({} at a planted line, {} by kind where the line allocates nothing); wrong kinds {}; false positives on clean {}",
+        card.named + card.kind_only,
+        card.planted,
+        card.named,
+        card.kind_only,
+        card.wrong,
+        card.false_positive
+    );
+    assert!(card.failures.is_empty(), "scorecard misses:\n{}", card.failures.join("\n"));
+}
