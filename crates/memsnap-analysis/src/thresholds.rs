@@ -10,6 +10,9 @@ pub struct Thresholds {
     /// Bytes below which a suspect is not reported (1 MiB). Below it, no change a user could make
     /// matters next to a CUDA context (~500 MiB) and the allocator's 2 MiB small-pool segments.
     pub min_suspect_bytes: u64,
+    /// Occurrences after which a leak is reported whatever its size (50): growth seen in that many
+    /// iterations is without bound, and a 512-byte loss kept per step is 5 MB after 10,000 steps.
+    pub small_leak_occurrences: usize,
     /// A forward pass is judged for "grad enabled" only when it allocated at least this many
     /// blocks (4): with fewer, the output alone is a large share of what it allocated.
     pub min_pass_blocks: u32,
@@ -63,6 +66,7 @@ pub struct Thresholds {
 impl Thresholds {
     pub const DEFAULT: Thresholds = Thresholds {
         min_suspect_bytes: 1 << 20,
+        small_leak_occurrences: 50,
         min_pass_blocks: 4,
         min_saved_blocks: 3,
         saved_fraction: 0.3,

@@ -30,7 +30,7 @@ mod common;
 
 use common::program::{chain, top, Grad, Pass, Program, ZeroGrad, CALL, MODEL, TRAIN, WRAP};
 use common::{Blk, Fr, TraceBuilder, MIB};
-use memsnap_analysis::{analyze, find_phases, Analysis, StackTable, Suspect, SuspectKind};
+use memsnap_analysis::{analyze, find_phases, Analysis, Evidence, GraphHold, Severity, StackTable, Suspect, SuspectKind};
 use memsnap_model::Snapshot;
 
 // ------------------------------------------------------------------------------------------
@@ -272,12 +272,12 @@ fn retained_graph_every_activation_kept_each_step() {
     let steps = train(&mut p, o);
     let a = analyze_snapshot(&p.t.finish());
     let s = the_one(&a, SuspectKind::RetainedGraph);
-    assert_site(&s, TRAIN, 16, &a);
-    // Growth counts the saved activations plus the inputs and loss folded in from other lines.
-    assert_eq!(s.growth_bytes_per_iteration, Some(s.bytes / 5), "{}", describe(&a));
+    // `backward(retain_graph=True)` frees none of the graph: named at the backward line.
+    assert_site(&s, TRAIN, 18, &a);
+    assert_eq!(s.severity, Severity::Leak, "{}", describe(&a));
+    assert!(matches!(s.facts, Evidence::RetainedGraph { hold: GraphHold::RetainedByBackward, .. }));
     assert!(s.growth_bytes_per_iteration.unwrap() > steps.saved_bytes, "{}", describe(&a));
-    // Steps 0..=4 are measured (the last step may still be in use); the kept inputs and losses
-    // are folded in rather than listed as leaks of their own.
+    // Every step's graph is kept, with its inputs and loss (members of the same graph).
     assert!(s.bytes >= 5 * steps.saved_bytes, "{}", describe(&a));
     assert!(s.confidence >= 0.5 && s.confidence <= 1.0);
     assert!(!s.stack.is_empty() && !s.advice.is_empty() && !s.evidence.is_empty());
@@ -308,12 +308,18 @@ fn retained_graph_near_miss_same_high_peak() {
     assert_no_suspects(&analyze_snapshot(&p.t.finish()));
 }
 
-/// Near miss: `retain_graph=True`, but the loss is not kept, so each graph dies with its loss.
+/// Near miss for the leak: `retain_graph=True`, but the loss is not kept, so each graph dies
+/// when `loss` is rebound next step. Not a leak, but the peak holds two graphs: severity `peak`.
 #[test]
 fn retained_graph_near_miss_retain_graph_without_keeping_the_loss() {
     let mut p = Program::new(2);
     train(&mut p, Train { retain_graph: true, ..Train::default() });
-    assert_no_suspects(&analyze_snapshot(&p.t.finish()));
+    let a = analyze_snapshot(&p.t.finish());
+    let s = the_one(&a, SuspectKind::RetainedGraph);
+    assert_eq!(s.severity, Severity::Peak, "{}", describe(&a));
+    assert!(s.growth_bytes_per_iteration.is_none());
+    assert!(s.peak_without.is_some_and(|w| w < a.devices[0].peak.allocated), "{}", describe(&a));
+    assert_eq!(a.suspects().len(), 1, "{}", describe(&a));
 }
 
 // ------------------------------------------------------------------------------------------
@@ -341,9 +347,10 @@ fn no_grad_missing_eval_after_training_keeps_activations() {
     // The kept activations, plus each pass's input batch (line 29), folded in as kept by the
     // same graphs.
     assert!(s.bytes > 4 * per_pass && s.bytes <= 4 * per_pass + 4 * (4 << 20), "{}", describe(&a));
-    assert_eq!(s.growth_bytes_per_iteration, Some(s.bytes / 4), "{}", describe(&a));
-    assert!(s.evidence.contains("train.py:29"), "{}", describe(&a));
-    for k in [SuspectKind::RetainedGraph, SuspectKind::ReferenceLeak, SuspectKind::UnreleasedGradient] {
+    // Grows by one pass's activations per pass (the median of the per-pass deltas).
+    assert!(s.growth_bytes_per_iteration.is_some_and(|g| g >= per_pass && g <= per_pass + (4 << 20)), "{}", describe(&a));
+    assert_eq!(s.severity, Severity::Leak);
+    for k in [SuspectKind::ReferenceLeak, SuspectKind::UnreleasedGradient] {
         assert_none_of(&a, k);
     }
 }
@@ -371,8 +378,11 @@ fn no_grad_missing_eval_every_epoch_keeps_activations() {
     assert_site(&s, TRAIN, 30, &a);
     // The kept activations, plus each pass's input batch (line 29).
     assert!(s.bytes > 6 * per_pass && s.bytes <= 6 * per_pass + 6 * (4 << 20), "{}", describe(&a));
-    assert_eq!(s.growth_bytes_per_iteration, Some(s.bytes / 6), "{}", describe(&a));
-    for k in [SuspectKind::RetainedGraph, SuspectKind::ReferenceLeak, SuspectKind::UnreleasedGradient] {
+    assert_site(&the_one(&a, SuspectKind::RetainedGraph), TRAIN, 30, &a);
+    // Grows by one pass's activations per pass (the median of the per-pass deltas).
+    assert!(s.growth_bytes_per_iteration.is_some_and(|g| g >= per_pass && g <= per_pass + (4 << 20)), "{}", describe(&a));
+    assert_eq!(s.severity, Severity::Leak);
+    for k in [SuspectKind::ReferenceLeak, SuspectKind::UnreleasedGradient] {
         assert_none_of(&a, k);
     }
 }
@@ -416,7 +426,7 @@ fn reference_leak_hook_keeps_one_output_per_step() {
     // The user line whose output the hook keeps: `h = self.fc2(h)` in the block's forward.
     assert_site(&s, MODEL, 24, &a);
     assert_eq!(s.growth_bytes_per_iteration, Some(steps.fc2_bytes), "{}", describe(&a));
-    assert_eq!(s.bytes, 5 * steps.fc2_bytes, "{}", describe(&a));
+    assert!(s.bytes >= 5 * steps.fc2_bytes && s.bytes <= 6 * steps.fc2_bytes, "{}", describe(&a));
     for k in [SuspectKind::RetainedGraph, SuspectKind::NoGradMissing, SuspectKind::UnreleasedGradient] {
         assert_none_of(&a, k);
     }
@@ -468,7 +478,7 @@ fn unreleased_gradient_new_grads_kept_each_step() {
     // Frameless backward allocations are attributed to the `.backward()` line.
     assert_site(&s, TRAIN, 18, &a);
     assert_eq!(s.growth_bytes_per_iteration, Some(params), "{}", describe(&a));
-    assert_eq!(s.bytes, 5 * params, "{}", describe(&a));
+    assert!(s.bytes >= 5 * params && s.bytes <= 6 * params, "{}", describe(&a));
     for k in [SuspectKind::RetainedGraph, SuspectKind::NoGradMissing, SuspectKind::ReferenceLeak] {
         assert_none_of(&a, k);
     }
@@ -567,7 +577,8 @@ fn fragmentation_live_blocks_between_free_holes() {
     let s = the_one(&a, SuspectKind::Fragmentation);
     assert_eq!(s.bytes, 128 * MIB, "{}", describe(&a));
     assert!(s.site.is_none());
-    assert!(s.evidence.contains("16.0 MiB"), "largest free block in the evidence:{}", describe(&a));
+    assert!(matches!(s.facts, Evidence::Fragmentation { largest_free_block, .. } if largest_free_block == 16 * MIB), "largest free block in the facts:{}", describe(&a));
+    assert!(s.evidence.contains("16.00 MiB"), "and in the words:{}", describe(&a));
     assert_eq!(a.suspects().len(), 1, "{}", describe(&a));
 }
 
@@ -637,8 +648,9 @@ fn oom_event_explained_at_the_user_line() {
     assert_eq!(s.bytes, big);
     assert_eq!(s.confidence, 1.0);
     assert!(s.stack.iter().any(|f| f.filename == MODEL && f.line == 22), "{:?}", s.stack);
-    assert!(s.evidence.contains("256.0 MiB"), "requested size in the evidence:{}", describe(&a));
-    assert!(s.evidence.contains("100.0 MiB"), "device free in the evidence:{}", describe(&a));
+    assert!(matches!(s.facts, Evidence::Oom { requested, .. } if requested == big), "requested size in the facts:{}", describe(&a));
+    assert!(s.evidence.contains("256.00 MiB"), "requested size in the evidence:{}", describe(&a));
+    assert!(s.evidence.contains("100.00 MiB"), "device free in the evidence:{}", describe(&a));
     assert_eq!(a.suspects()[0].kind, SuspectKind::Oom);
     assert_eq!(a.suspects().len(), 1, "{}", describe(&a));
 }

@@ -169,9 +169,10 @@ fn suspect(s: &mut String, sp: &SuspectView, multi: bool) {
     s.push_str("<div class=\"suspect\">\n");
     let _ = write!(
         s,
-        "<div><span class=\"kind{}\">{}</span><span class=\"conf\">confidence {:.2}",
+        "<div><span class=\"kind{}\">{}</span><span class=\"conf\">{} · confidence {:.2}",
         if sp.is_leak || sp.kind == "oom" { "" } else { " other" },
         escape(&sp.kind),
+        escape(&sp.severity),
         sp.confidence
     );
     if multi {
@@ -190,11 +191,13 @@ fn suspect(s: &mut String, sp: &SuspectView, multi: bool) {
         nums.push(format!("<b>{}</b> at stake", fmt_bytes(sp.bytes)));
     } else if sp.is_leak {
         nums.push(format!("<b>{}</b> still allocated at the end of the trace", fmt_bytes(sp.bytes)));
+    } else if sp.severity == "peak" {
+        nums.push(format!("<b>{}</b> held at once, released later", fmt_bytes(sp.bytes)));
     } else {
         nums.push(format!("<b>{}</b>", fmt_bytes(sp.bytes)));
     }
     if let Some(g) = sp.growth_bytes_per_iteration {
-        nums.push(format!("<span class=\"growth\">+{} per iteration</span>", fmt_bytes(g)));
+        nums.push(format!("<span class=\"growth\">+{} per {}</span>", fmt_bytes(g), escape(&sp.growth_unit)));
     }
     if sp.bytes_at_peak > 0 {
         nums.push(format!("{} of it live at the peak", fmt_bytes(sp.bytes_at_peak)));

@@ -97,6 +97,12 @@ impl Figure {
 #[derive(Clone, Debug)]
 pub struct SuspectView {
     pub kind: String,
+    /// `leak`, `peak` or `waste`.
+    pub severity: String,
+    /// Peak of allocated memory without this suspect's blocks.
+    pub peak_without: Option<u64>,
+    /// What growth is counted per (`iteration` or `pass`).
+    pub growth_unit: String,
     pub confidence: f64,
     pub device: u32,
     pub bytes: u64,
@@ -116,6 +122,9 @@ impl SuspectView {
     fn of(s: &Suspect) -> SuspectView {
         SuspectView {
             kind: s.kind.name().to_string(),
+            severity: s.severity.name().to_string(),
+            peak_without: s.peak_without,
+            growth_unit: s.growth_unit.name().to_string(),
             confidence: s.confidence,
             device: s.device,
             bytes: s.bytes,
@@ -135,7 +144,7 @@ impl SuspectView {
                 .collect(),
             evidence: s.evidence.clone(),
             advice: s.advice.clone(),
-            is_leak: s.kind.is_leak(),
+            is_leak: s.kind.is_leak() && s.severity == memsnap_analysis::Severity::Leak,
         }
     }
 }

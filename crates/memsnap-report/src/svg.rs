@@ -315,9 +315,9 @@ fn suspect(d: &mut Doc, sp: &SuspectView, multi: bool) {
     d.y += 2.0;
     d.text(d.x + 8.0, st(13.0, "#ffffff", "700", FONT), &sp.kind, None);
     let conf = if multi {
-        format!("confidence {:.2} · device {}", sp.confidence, sp.device)
+        format!("{} · confidence {:.2} · device {}", sp.severity, sp.confidence, sp.device)
     } else {
-        format!("confidence {:.2}", sp.confidence)
+        format!("{} · confidence {:.2}", sp.severity, sp.confidence)
     };
     d.text(d.x + bw + 8.0, st(13.0, "#5b6068", "", FONT), &conf, None);
     d.y += 24.0;
@@ -334,11 +334,13 @@ fn suspect(d: &mut Doc, sp: &SuspectView, multi: bool) {
         nums.push(format!("{} at stake", fmt_bytes(sp.bytes)));
     } else if sp.is_leak {
         nums.push(format!("{} still allocated at the end of the trace", fmt_bytes(sp.bytes)));
+    } else if sp.severity == "peak" {
+        nums.push(format!("{} held at once, released later", fmt_bytes(sp.bytes)));
     } else {
         nums.push(fmt_bytes(sp.bytes));
     }
     if let Some(g) = sp.growth_bytes_per_iteration {
-        nums.push(format!("+{} per iteration", fmt_bytes(g)));
+        nums.push(format!("+{} per {}", fmt_bytes(g), sp.growth_unit));
     }
     if sp.bytes_at_peak > 0 {
         nums.push(format!("{} of it live at the peak", fmt_bytes(sp.bytes_at_peak)));

@@ -170,20 +170,20 @@ fn every_dev_report_is_well_formed_escaped_and_small() {
 }
 
 #[test]
-fn s03_report_names_retained_graph_at_the_forward_line() {
+fn s03_report_names_retained_graph_at_the_backward_line() {
     let d = analyzed("dev/s03_loss_history_leak.pickle.xz");
     let r = report(&d);
     let top = &r.suspects[0];
     assert_eq!(top.kind, "retained_graph");
-    assert!(top.site_short.as_deref().unwrap().contains("s03_loss_history_leak.py:17"), "{:?}", top.site_short);
+    assert!(top.site_short.as_deref().unwrap().contains("s03_loss_history_leak.py:19"), "{:?}", top.site_short);
     assert!(top.growth_bytes_per_iteration.unwrap() > 100 << 20);
     for text in [r.html(), r.svg()] {
         let verdict = &text[..text.find("Device 0").unwrap()];
         assert!(verdict.contains("retained_graph"));
-        assert!(verdict.contains("s03_loss_history_leak.py:17"));
+        assert!(verdict.contains("s03_loss_history_leak.py:19"));
         assert!(verdict.contains("per iteration"));
         // The chart's caption carries the growth too.
-        assert!(text.contains("retained_graph at workspace/lmtrain/s03_loss_history_leak.py:17 (&lt;module&gt;): +"));
+        assert!(text.contains("retained_graph at workspace/lmtrain/s03_loss_history_leak.py:19 (&lt;module&gt;): +"));
         // Ten iterations are numbered above the chart.
         assert!(text.contains("iteration 10 of 10"));
     }
@@ -212,7 +212,7 @@ fn flamegraph_svg_parses_and_marks_user_frames() {
     let svg = memsnap_report::flamegraph_svg(&folded, &memsnap_report::FlameOptions::default());
     parse_xml("flamegraph", &svg);
     assert!(svg.contains("your code"));
-    assert!(svg.contains("&lt;module&gt; (workspace/lmtrain/s03_loss_history_leak.py:17)"));
+    assert!(svg.contains("&lt;module&gt; (workspace/lmtrain/s03_loss_history_leak.py:19)"));
 }
 
 #[test]

@@ -39,6 +39,7 @@ impl Detector for Fragmentation {
         }
         let pr = cx.replay.peaks.reserved;
         vec![Finding {
+            occurrences: 0,
             kind: SuspectKind::Fragmentation,
             severity: Severity::Waste,
             confidence: (0.4 + share).min(0.9),

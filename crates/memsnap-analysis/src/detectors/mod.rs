@@ -83,6 +83,8 @@ pub struct Finding {
     pub site: Option<Site>,
     pub stack: StackId,
     pub facts: Evidence,
+    /// Occurrences that left memory behind (0 where not counted).
+    pub occurrences: usize,
 }
 
 /// Run every detector on one device, measure and render the findings, rank them.
@@ -174,7 +176,8 @@ fn finish(cx: &Context, f: Finding) -> Option<Suspect> {
         Severity::Leak => m.at_end,
         Severity::Peak | Severity::Waste => m.max_live,
     });
-    if f.kind.is_leak() && bytes < cx.thresholds.min_suspect_bytes {
+    let many = f.severity == Severity::Leak && f.occurrences >= cx.thresholds.small_leak_occurrences;
+    if f.kind.is_leak() && bytes < cx.thresholds.min_suspect_bytes && !many {
         return None;
     }
     let peak = cx.replay.peaks.allocated.value;

@@ -81,7 +81,8 @@ impl Detector for NoGradMissing {
         }
         let mut out = Vec::new();
         for (call, mut g) in groups {
-            let growing = cx.is_growth(g.kept_units.len(), g.units.len());
+            let kept_units = g.kept_units.len();
+            let growing = cx.is_growth(kept_units, g.units.len());
             let severity = if growing { Severity::Leak } else { Severity::Peak };
             let facts = Evidence::NoGradMissing {
                 passes: g.units.len(),
@@ -103,6 +104,7 @@ impl Detector for NoGradMissing {
                 site: call.map(|f| cx.site(f)),
                 stack: g.largest.1,
                 facts,
+                occurrences: kept_units,
             });
         }
         out

@@ -83,6 +83,7 @@ impl Detector for Oom {
             OomCause::DeviceFull
         };
         vec![Finding {
+            occurrences: 0,
             kind: SuspectKind::Oom,
             severity: Severity::Peak,
             confidence: 1.0,

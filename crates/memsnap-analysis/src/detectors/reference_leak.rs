@@ -159,6 +159,7 @@ impl Detector for ReferenceLeak {
                 confidence = confidence.min(cx.thresholds.state_only_confidence);
             }
             out.push(Finding {
+                occurrences: g.kept.len(),
                 kind: SuspectKind::ReferenceLeak,
                 severity: Severity::Leak,
                 confidence,
@@ -207,6 +208,7 @@ fn state_only(cx: &Context) -> Vec<Finding> {
     by.into_iter()
         .filter(|(_, (blocks, _, _))| blocks.len() as u64 >= cx.thresholds.state_min_same_site_blocks)
         .map(|(line, (blocks, stack, _))| Finding {
+            occurrences: 0,
             kind: SuspectKind::ReferenceLeak,
             severity: Severity::Leak,
             confidence: cx.thresholds.state_only_confidence,

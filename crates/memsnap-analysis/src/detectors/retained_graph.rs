@@ -115,7 +115,8 @@ impl Detector for RetainedGraph {
             if g.units.len() < th.min_held_graphs {
                 continue;
             }
-            let growing = cx.is_growth(g.kept_occurrences.len(), g.eligible);
+            let kept_occurrences = g.kept_occurrences.len();
+            let growing = cx.is_growth(kept_occurrences, g.eligible);
             let severity = if growing { Severity::Leak } else { Severity::Peak };
             let (hold, occurrence, call) = match key {
                 Key::Backward(_) => (GraphHold::RetainedByBackward, Occurrence::Iteration, None),
@@ -160,6 +161,7 @@ impl Detector for RetainedGraph {
                 site: site.map(|f| cx.site(f)),
                 stack,
                 facts,
+                occurrences: kept_occurrences,
             });
         }
         out

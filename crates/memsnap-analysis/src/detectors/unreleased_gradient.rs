@@ -41,6 +41,7 @@ impl Detector for UnreleasedGradient {
             }
             leak_lines.push(g.line);
             out.push(Finding {
+                occurrences: g.kept_iterations.len(),
                 kind: SuspectKind::UnreleasedGradient,
                 severity: Severity::Leak,
                 confidence: cx.growth_confidence(g.kept_iterations.len(), eligible),
@@ -111,6 +112,7 @@ fn through_evaluation(cx: &Context, leak_lines: &[Option<FrameId>]) -> Option<Fi
     }
     let passes = phases.forwards.iter().filter(|f| !f.trained && w.contains(f.span.start)).count();
     Some(Finding {
+        occurrences: 0,
         kind: SuspectKind::UnreleasedGradient,
         severity: Severity::Waste,
         confidence: (0.55 + 2.0 * share).min(0.9),
