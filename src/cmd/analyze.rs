@@ -109,6 +109,7 @@ fn moment_json(m: &Moment, top: usize) -> Value {
         "reserved_bytes": m.reserved,
         "by_site": sites,
         "by_category": cats,
+        "by_phase": m.by_phase.iter().map(|(p, b)| (p.name().to_string(), json!(b))).collect::<serde_json::Map<_, _>>(),
     })
 }
 
@@ -124,7 +125,7 @@ pub fn analysis_json(a: &Analyzed) -> Value {
             let t = totals.iter().find(|t| t.device == da.device);
             let peaks = r.map(|r| r.peaks).unwrap_or_default();
             // Without a trace the replay knows only the dump: no peak can be established.
-            let peak_known = t.is_some_and(|t| t.trace_entries > 0);
+            let peak_known = da.peak_known;
             json!({
                 "device": da.device,
                 "allocated_bytes": t.map_or(0, |t| t.allocated_bytes),
@@ -186,7 +187,9 @@ fn analysis_text(a: &Analyzed, top: usize) -> String {
             .site
             .as_ref()
             .map_or("(no user frame)".to_string(), |x| format!("{}:{} in {}", x.filename, x.line, x.function));
-        let growth = sp.growth_bytes_per_iteration.map_or(String::new(), |g| format!(", +{}/iteration", fmt_bytes(g)));
+        let growth = sp
+            .growth_bytes_per_iteration
+            .map_or(String::new(), |g| format!(", +{}/{}", fmt_bytes(g), sp.growth_unit.name()));
         let _ = writeln!(
             s,
             "  {}. {} [{}] (confidence {:.2}, device {}) {}{}\n     at {}",
@@ -269,6 +272,15 @@ fn analysis_text(a: &Analyzed, top: usize) -> String {
                 .chain(std::iter::once(format!("cached free {}", fmt_bytes(m.cached_free))))
                 .collect();
             let _ = writeln!(s, "  By category {}: {}", title, cats.join(", "));
+            let by_phase: Vec<String> = m
+                .by_phase
+                .iter()
+                .filter(|(_, b)| *b > 0)
+                .map(|(p, b)| format!("{} {}", p.name().replace('_', " "), fmt_bytes(*b)))
+                .collect();
+            if !by_phase.is_empty() {
+                let _ = writeln!(s, "  By phase that allocated {}: {}", title, by_phase.join(", "));
+            }
         }
         if !da.caveats.is_empty() {
             let _ = writeln!(s, "\n  Caveats:");

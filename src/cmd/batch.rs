@@ -88,7 +88,7 @@ pub fn device_figures(a: &Analyzed) -> Vec<DeviceFigures> {
                 reserved_bytes,
                 peak_allocated_bytes: peaks.allocated.value.max(allocated_bytes),
                 peak_reserved_bytes: peaks.reserved.value.max(reserved_bytes),
-                peak_known: t.is_some_and(|t| t.trace_entries > 0),
+                peak_known: da.peak_known,
             }
         })
         .collect()

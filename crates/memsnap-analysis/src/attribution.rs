@@ -59,10 +59,71 @@ impl Category {
     }
 }
 
+/// The phase that allocated a block (for explaining a peak).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum AllocPhase {
+    /// Before the trace began.
+    PreTrace,
+    /// A forward pass that a backward later ran through.
+    TrainingForward,
+    /// A forward pass no backward ran through (evaluation, inference).
+    EvaluationForward,
+    Backward,
+    Optimizer,
+    /// The user's code between those.
+    Other,
+}
+
+impl AllocPhase {
+    pub const ALL: [AllocPhase; 6] = [
+        AllocPhase::PreTrace,
+        AllocPhase::TrainingForward,
+        AllocPhase::EvaluationForward,
+        AllocPhase::Backward,
+        AllocPhase::Optimizer,
+        AllocPhase::Other,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            AllocPhase::PreTrace => "pre_trace",
+            AllocPhase::TrainingForward => "training_forward",
+            AllocPhase::EvaluationForward => "evaluation_forward",
+            AllocPhase::Backward => "backward",
+            AllocPhase::Optimizer => "optimizer",
+            AllocPhase::Other => "other",
+        }
+    }
+}
+
+/// The phase that allocated `b`.
+pub fn alloc_phase(events: &[TraceEvent], phases: &Phases, stacks: &StackTable, b: &BlockLifetime, attr: Attr) -> AllocPhase {
+    let Some(a) = b.alloc_event else { return AllocPhase::PreTrace };
+    if matches!(attr, Attr::Backward(_)) {
+        return AllocPhase::Backward;
+    }
+    let info = stacks.get(events.get(a as usize).map_or(b.stack, |e| e.stack));
+    if info.optimizer {
+        return AllocPhase::Optimizer;
+    }
+    match phases.forward_at(a) {
+        Some((_, f)) if f.trained => AllocPhase::TrainingForward,
+        Some(_) => AllocPhase::EvaluationForward,
+        None => AllocPhase::Other,
+    }
+}
+
 /// Attribution of a block, and the stack that explains it.
 pub fn attribute(events: &[TraceEvent], phases: &Phases, stacks: &StackTable, b: &BlockLifetime) -> (Attr, StackId) {
     let Some(a) = b.alloc_event else {
-        return (Attr::PreTrace, StackId::EMPTY);
+        // Allocated before the trace: the dump's segment table still carries the block's own
+        // allocation frames (state-only recordings, wrapped ring buffers, memory made before
+        // recording started), so it can be placed at the user's line all the same.
+        let info = stacks.get(b.stack);
+        return match info.site {
+            Some(s) => (Attr::Site(s), b.stack),
+            None => (Attr::PreTrace, b.stack),
+        };
     };
     let ev_stack = events.get(a as usize).map_or(b.stack, |e| e.stack);
     let info = stacks.get(ev_stack);

@@ -219,6 +219,9 @@ pub enum Evidence {
         hold: GradientHold,
         blocks: u64,
         backward_line: Option<Site>,
+        /// The user's line whose call finally freed them (`zero_grad` at the start of the next
+        /// step), when frees were recorded with stacks.
+        released_at: Option<Site>,
     },
     Fragmentation {
         reserved: u64,

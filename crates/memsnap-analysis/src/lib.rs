@@ -25,7 +25,7 @@ use memsnap_model::{BlockState, Snapshot, StackId};
 use memsnap_replay::{DeviceReplay, Replay};
 use rayon::prelude::*;
 
-pub use attribution::{attr_label, attribute, categorize, Attr, Category, Site};
+pub use attribution::{alloc_phase, attr_label, attribute, categorize, AllocPhase, Attr, Category, Site};
 pub use detectors::{Context, Detector, Finding, REGISTRY};
 pub use evidence::{
     rank, Evidence, GradientHold, GraphHold, Holder, IterationsBy, LeakOrigin, Occurrence, OomCause, Severity,
@@ -61,6 +61,8 @@ pub struct Moment {
     pub by_site: Vec<SiteBytes>,
     /// Bytes per category, in [`Category::ALL`] order; `cached_free` is reserved − allocated.
     pub by_category: Vec<(Category, u64)>,
+    /// Bytes per phase that allocated them, in [`AllocPhase::ALL`] order.
+    pub by_phase: Vec<(AllocPhase, u64)>,
     pub cached_free: u64,
 }
 
@@ -82,6 +84,9 @@ pub struct PhaseSummary {
 /// Analysis of one device.
 pub struct DeviceAnalysis {
     pub device: u32,
+    /// The trace records allocations, so the replayed peaks are measured. Without (a state-only
+    /// recording, a legacy file) the file cannot establish the peak.
+    pub peak_known: bool,
     pub suspects: Vec<Suspect>,
     pub peak: Moment,
     pub end: Moment,
@@ -146,6 +151,7 @@ pub fn moment(
     let totals = d.series.after(t.map(|i| i as usize));
     let mut by_attr: BTreeMap<Attr, (u64, u64)> = BTreeMap::new();
     let mut by_cat: BTreeMap<Category, u64> = BTreeMap::new();
+    let mut by_phase: BTreeMap<AllocPhase, u64> = BTreeMap::new();
     let mut live = Vec::new();
     for b in live_at(d, t) {
         let (attr, stack) = attribute(events, phases, stacks, b);
@@ -153,6 +159,7 @@ pub fn moment(
         e.0 += b.size;
         e.1 += 1;
         *by_cat.entry(categorize(events, phases, stacks, b, attr)).or_default() += b.size;
+        *by_phase.entry(alloc_phase(events, phases, stacks, b, attr)).or_default() += b.size;
         live.push(LiveBlock { address: b.address, size: b.size, attr, stack });
     }
     let mut by_site: Vec<SiteBytes> = by_attr
@@ -177,6 +184,7 @@ pub fn moment(
         reserved: totals.reserved,
         by_site,
         by_category: Category::ALL.iter().map(|c| (*c, by_cat.get(c).copied().unwrap_or(0))).collect(),
+        by_phase: AllocPhase::ALL.iter().map(|p| (*p, by_phase.get(p).copied().unwrap_or(0))).collect(),
         cached_free: totals.reserved.saturating_sub(totals.allocated),
     };
     (m, live)
@@ -243,9 +251,10 @@ fn analyze_device(
         param_sizes: detectors::parameter_sizes(stacks, &phases, d, events),
     };
     let suspects = detectors::detect(&cx);
-    if events.is_empty() {
+    let peak_known = events.iter().any(|e| e.action == memsnap_model::Action::Alloc);
+    if !peak_known {
         caveats.push(
-            "without a trace the peak cannot be established from this file (peaks are null in JSON); suspects rest on the dump-time state only"
+            "without allocations in the trace the peak cannot be established from this file (peaks are null in JSON); suspects rest on the dump-time state only"
                 .to_string(),
         );
     } else if !d.start.trace_complete {
@@ -265,5 +274,5 @@ fn analyze_device(
         eval_windows: phases.eval_windows.clone(),
         optimizer_steps: phases.optimizer_steps.len(),
     };
-    DeviceAnalysis { device: d.device, suspects, peak, end, phases: phase_summary, caveats, peak_blocks, end_blocks }
+    DeviceAnalysis { device: d.device, peak_known, suspects, peak, end, phases: phase_summary, caveats, peak_blocks, end_blocks }
 }

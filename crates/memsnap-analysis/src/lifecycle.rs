@@ -186,6 +186,11 @@ pub fn lifecycle(
         }
         unit_of_block[bi] = u as u32;
         members[u].push((bi, in_pass));
+        // Only the module calls' own blocks tell which backward ran through the pass: code after
+        // a pass may already be making the next pass's inputs, which that pass's backward frees.
+        if !in_pass {
+            continue;
+        }
         if let Some(f) = free_event(b) {
             if let Some(bw) = backward_index(phases, f) {
                 if phases.backwards[bw].span.start > a {

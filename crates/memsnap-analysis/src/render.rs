@@ -20,7 +20,7 @@ fn numbers(s: &Suspect, peak: u64) -> String {
     let mut parts = Vec::new();
     match s.severity {
         Severity::Leak => {
-            parts.push(format!("{} still allocated at the end of the trace", fmt_bytes(s.bytes)));
+            parts.push(format!("{} still allocated when the snapshot was taken", fmt_bytes(s.bytes)));
             if let Some(g) = s.growth_bytes_per_iteration {
                 parts.push(format!("growing by {} per {} (median)", fmt_bytes(g), s.growth_unit.name()));
             }
@@ -124,7 +124,7 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
                 )
             }
         }
-        Evidence::UnreleasedGradient { hold, blocks, backward_line } => match hold {
+        Evidence::UnreleasedGradient { hold, blocks, backward_line, released_at } => match hold {
             GradientHold::KeptEachStep { blocks_per_step, distinct_sizes } => format!(
                 "{} allocated by the backward pass at {} ({} per step, of {} parameter sizes) are still allocated: gradients of every step kept. {tail}.",
                 plural(*blocks, "block", "blocks"),
@@ -139,7 +139,7 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
                 plural(*blocks, "block", "blocks"),
                 site(backward_line),
                 100.0 * share_of_allocated
-            ),
+            ) + &released_at.as_ref().map_or(String::new(), |r| format!(" They were freed only later, by {}.", r.short())),
         },
         Evidence::Fragmentation {
             reserved,

@@ -31,9 +31,11 @@ pub struct StackInfo {
     /// Has at least one Python frame (user or library). Stacks of only native frames
     /// (`stacks="all"` backward threads) count as frameless for attribution.
     pub python: bool,
-    /// Activation checkpointing recomputing a forward region during backward: frames of
-    /// `torch/utils/checkpoint.py` with no user frame outside them. The autograd engine calls
-    /// the recomputation from its own thread, so the user's loop is not on the stack; these
+    /// Python code the autograd engine runs during a backward pass, from its own thread: the
+    /// stack bottoms out in torch's autograd machinery (`torch/autograd/function.py` `apply`,
+    /// saved-tensor hooks, `torch/utils/checkpoint.py`, compiled backwards under
+    /// `torch/_functorch`) instead of the user's script. Activation checkpointing recomputes its
+    /// forward regions this way, and `torch.compile` runs its backward this way. These
     /// allocations belong to the backward pass, not to a forward pass.
     pub recompute: bool,
     /// Model or optimizer construction: `Module.to/cuda/_apply` or a module's `__init__` /
@@ -71,8 +73,8 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], frames: &[FrameId]) -> StackInfo {
     let mut s = StackInfo::default();
     // Frames are innermost first.
     let mut outermost_module: Option<usize> = None;
-    let mut outermost_checkpoint: Option<usize> = None;
-    let mut outermost_user: Option<usize> = None;
+    let mut autograd_machinery: Option<usize> = None;
+    let mut outermost_python: Option<(usize, FrameKind)> = None;
     let mut innermost_module: Option<usize> = None;
     for (i, &f) in frames.iter().enumerate() {
         let frame = snap.frame(f);
@@ -90,7 +92,6 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], frames: &[FrameId]) -> StackInfo {
                 s.site = Some(f);
             }
             s.outer_site = Some(f);
-            outermost_user = Some(i);
         }
         if kind == FrameKind::Native {
             continue;
@@ -101,9 +102,10 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], frames: &[FrameId]) -> StackInfo {
         {
             s.backward_launch = true;
         }
-        if file.ends_with("torch/utils/checkpoint.py") {
-            outermost_checkpoint = Some(i);
+        if file.ends_with("torch/utils/checkpoint.py") || file.contains("torch/autograd/") || file.contains("torch/_functorch/") {
+            autograd_machinery = Some(i);
         }
+        outermost_python = Some((i, kind));
         if file.contains("torch/nn/modules/")
             && matches!(name, "_apply" | "to" | "cuda" | "__init__" | "reset_parameters" | "_load_from_state_dict")
         {
@@ -127,7 +129,11 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], frames: &[FrameId]) -> StackInfo {
             s.loss = true;
         }
     }
-    s.recompute = outermost_checkpoint.is_some_and(|c| outermost_user.is_none_or(|u| u < c));
+    // The engine's thread: the outermost Python frame is torch's, and autograd machinery is on
+    // the stack (a backward launch from the user's line has the user's script outermost).
+    s.recompute = !s.backward_launch
+        && autograd_machinery.is_some()
+        && outermost_python.is_some_and(|(_, k)| k == FrameKind::Library);
     let caller_user = |from: usize| frames[from + 1..].iter().copied().find(|f| kinds[f.0 as usize] == FrameKind::User);
     if let Some(i) = outermost_module {
         s.forward_call = caller_user(i);

@@ -329,7 +329,7 @@ pub fn sample(
         .filter_map(|sp| {
             let g = sp.growth_bytes_per_iteration?;
             let site = sp.site.as_ref().map_or("(no user frame)".to_string(), |s| s.short());
-            Some(format!("{} at {}: +{} per iteration", sp.kind.name(), site, fmt_bytes(g)))
+            Some(format!("{} at {}: +{} per {}", sp.kind.name(), site, fmt_bytes(g), sp.growth_unit.name()))
         })
         .collect();
 

@@ -3,13 +3,19 @@
 //! Mechanism. The caching allocator splits a segment to serve a smaller request and can only
 //! return whole segments to the driver (`empty_cache()`). Free blocks inside segments that also
 //! hold live blocks ("inactive split") serve only requests that fit in the hole. When they are a
-//! large share of reserved memory while little is allocated, the process holds memory it cannot
-//! use. Read from the dump-time segment table (exact), thresholds in [`Thresholds`].
+//! large share of reserved memory while little of it is allocated, the process holds memory it
+//! can neither use for larger requests nor give back. (Holes are normal between the steps of a
+//! training loop, where the next step reuses them: hence a share of all reserved memory, not of
+//! the pinned segments alone. Wholly free segments are plain cache: `empty_cache()` returns
+//! them.) Read from the dump-time segment table (exact), thresholds in [`Thresholds`].
+//! Named at the line that allocated most of the live blocks pinning split segments.
 //! Near misses: free bytes in wholly free segments (`empty_cache()` returns them); few holes.
 //!
 //! [`Thresholds`]: crate::Thresholds
 
-use memsnap_model::StackId;
+use std::collections::BTreeMap;
+
+use memsnap_model::{BlockState, FrameId, StackId};
 
 use super::{Context, Detector, Finding};
 use crate::evidence::{Evidence, Occurrence, Severity, SuspectKind};
@@ -37,6 +43,26 @@ impl Detector for Fragmentation {
         {
             return Vec::new();
         }
+        // The live blocks that pin split segments, by the line that allocated them: long-lived
+        // tensors allocated between short-lived ones are what keeps the holes from merging.
+        let end = (!cx.events.is_empty()).then(|| cx.events.len() - 1);
+        let mut pinning: BTreeMap<FrameId, (u64, StackId)> = BTreeMap::new();
+        for seg in &cx.replay.state_after(end).segments {
+            let has_hole = seg.blocks.iter().any(|b| b.state == BlockState::Inactive);
+            if !has_hole {
+                continue;
+            }
+            for b in seg.blocks.iter().filter(|b| b.state == BlockState::Allocated) {
+                let Some(life) = b.lifetime.map(|i| &cx.replay.blocks[i]) else { continue };
+                let stack = cx.event_stack(life);
+                let info = cx.stacks.get(stack);
+                if let Some(line) = info.forward_call.or(info.site) {
+                    let e = pinning.entry(line).or_insert((0, stack));
+                    e.0 += b.size;
+                }
+            }
+        }
+        let pin = pinning.iter().max_by(|a, b| a.1 .0.cmp(&b.1 .0).then(b.0.cmp(a.0))).map(|(f, (_, s))| (*f, *s));
         let pr = cx.replay.peaks.reserved;
         vec![Finding {
             occurrences: 0,
@@ -47,8 +73,8 @@ impl Detector for Fragmentation {
             occurrence: Occurrence::Iteration,
             boundaries: Vec::new(),
             bytes: Some(split),
-            site: None,
-            stack: StackId::EMPTY,
+            site: pin.map(|p| cx.site(p.0)),
+            stack: pin.map_or(StackId::EMPTY, |p| p.1),
             facts: Evidence::Fragmentation {
                 reserved,
                 allocated: t.allocated_bytes,
@@ -61,3 +87,4 @@ impl Detector for Fragmentation {
         }]
     }
 }
+

@@ -188,7 +188,9 @@ fn finish(cx: &Context, f: Finding) -> Option<Suspect> {
         }
     }
     let growth = if f.severity == Severity::Leak { m.growth } else { None };
-    let peak_without = if f.blocks.is_empty() { None } else { m.peak_without };
+    // Without allocations in the trace there is no peak to compare with.
+    let traced = cx.events.iter().any(|e| e.action == memsnap_model::Action::Alloc);
+    let peak_without = if f.blocks.is_empty() || !traced { None } else { m.peak_without };
     let stack = stack_sites(cx.snap, f.stack);
     let mut s = Suspect {
         kind: f.kind,

@@ -54,7 +54,9 @@ impl Detector for ReferenceLeak {
     }
 
     fn detect(&self, cx: &Context) -> Vec<Finding> {
-        if cx.events.is_empty() {
+        // A state-only recording (`enabled="state"`) has no allocation in its trace, at most a
+        // marker entry: only the dump can speak.
+        if !cx.events.iter().any(|e| e.action == memsnap_model::Action::Alloc) {
             return state_only(cx);
         }
         let lc = cx.lifecycle;

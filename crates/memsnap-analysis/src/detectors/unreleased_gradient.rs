@@ -9,7 +9,9 @@
 //!   told from a backward hook's tensor by coming several per step, of two or more parameter sizes.
 //! - through evaluation: when an evaluation window starts after training, the last step's
 //!   gradients are still allocated (`zero_grad` at the start of the step, or
-//!   `set_to_none=False`): bounded, severity `waste`.
+//!   `set_to_none=False`): bounded, severity `waste`. Named at the line whose call finally frees
+//!   them (the late `zero_grad`), read from the stacks of their free events, else at the
+//!   `.backward()` line.
 //!
 //! Claims: kept gradient-like backward blocks; for the waste fact, the gradients alive at the
 //! window start. Near misses: gradients allocated once and reused; gradients freed before the
@@ -57,6 +59,7 @@ impl Detector for UnreleasedGradient {
                     },
                     blocks: g.blocks.len() as u64,
                     backward_line: g.line.map(|f| cx.site(f)),
+                    released_at: None,
                 },
                 blocks: g.blocks,
             });
@@ -111,6 +114,18 @@ fn through_evaluation(cx: &Context, leak_lines: &[Option<FrameId>]) -> Option<Fi
         return None;
     }
     let passes = phases.forwards.iter().filter(|f| !f.trained && w.contains(f.span.start)).count();
+    // Where they were finally freed: the user's line on the stacks of their free events (with
+    // `context="all"` frees carry the stack of the code that freed). That line is the fix.
+    let mut freers: BTreeMap<FrameId, (u32, memsnap_model::StackId)> = BTreeMap::new();
+    for &bi in &blocks {
+        let Some(f) = d.blocks[bi].free_requested_event else { continue };
+        let stack = cx.events[f as usize].stack;
+        if let Some(site) = cx.stacks.get(stack).site {
+            let e = freers.entry(site).or_insert((0, stack));
+            e.0 += 1;
+        }
+    }
+    let released = freers.iter().max_by(|a, b| a.1 .0.cmp(&b.1 .0).then(b.0.cmp(a.0))).map(|(f, (_, s))| (*f, *s));
     Some(Finding {
         occurrences: 0,
         kind: SuspectKind::UnreleasedGradient,
@@ -119,12 +134,13 @@ fn through_evaluation(cx: &Context, leak_lines: &[Option<FrameId>]) -> Option<Fi
         occurrence: Occurrence::Iteration,
         boundaries: Vec::new(),
         bytes: Some(bytes),
-        site: line.map(|f| cx.site(f)),
-        stack: cx.backward_stack(line),
+        site: released.map(|r| r.0).or(line).map(|f| cx.site(f)),
+        stack: released.map_or_else(|| cx.backward_stack(line), |r| r.1),
         facts: Evidence::UnreleasedGradient {
             hold: GradientHold::ThroughEvaluation { window_start: w.start, passes, share_of_allocated: share },
             blocks: blocks.len() as u64,
             backward_line: line.map(|f| cx.site(f)),
+            released_at: released.map(|r| cx.site(r.0)),
         },
         blocks,
     })
