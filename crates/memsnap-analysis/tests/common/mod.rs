@@ -16,6 +16,7 @@
 #![allow(dead_code)] // not every test uses every helper
 
 pub mod program;
+pub mod scenario;
 
 use std::collections::{BTreeMap, HashMap};
 

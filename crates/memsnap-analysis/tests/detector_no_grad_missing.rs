@@ -1,0 +1,165 @@
+//! no_grad_missing: forward passes no backward consumes, run with grad (src/detectors/no_grad_missing.rs).
+//! Synthetic traces of the script in `common/scenario.rs`: positives and near misses.
+
+mod common;
+
+#[allow(unused_imports)]
+use common::program::{chain, top, Grad, Pass, Program, ZeroGrad, CALL, MODEL, TRAIN, WRAP};
+#[allow(unused_imports)]
+use common::scenario::*;
+#[allow(unused_imports)]
+use common::{Blk, Fr, TraceBuilder, MIB};
+#[allow(unused_imports)]
+use memsnap_analysis::{find_phases, Evidence, GraphHold, Severity, StackTable, SuspectKind};
+#[allow(unused_imports)]
+use memsnap_model::Snapshot;
+
+// ------------------------------------------------------------------------------------------
+// no_grad_missing
+
+fn epochs(p: &mut Program, grad: Grad, keep: bool) -> u64 {
+    let mut left = 0;
+    for _ in 0..2 {
+        train(p, Train { steps: 4, ..Train::default() });
+        left = validate(p, 3, grad, keep);
+    }
+    left
+}
+
+/// Training, then one validation loop without `torch.no_grad()` that keeps each batch's logits:
+/// the activations of every operation of every evaluation pass stay alive.
+#[test]
+fn no_grad_missing_eval_after_training_keeps_activations() {
+    let mut p = Program::new(2);
+    train(&mut p, Train::default());
+    let per_pass = validate(&mut p, 4, Grad::Enabled, true);
+    let a = analyze_snapshot(&p.t.finish());
+    let s = the_one(&a, SuspectKind::NoGradMissing);
+    assert_site(&s, TRAIN, 30, &a);
+    // The kept activations, plus each pass's input batch (line 29), folded in as kept by the
+    // same graphs.
+    assert!(s.bytes > 4 * per_pass && s.bytes <= 4 * per_pass + 4 * (4 << 20), "{}", describe(&a));
+    // Grows by one pass's activations per pass (the median of the per-pass deltas).
+    assert!(s.growth_bytes_per_iteration.is_some_and(|g| g >= per_pass && g <= per_pass + (4 << 20)), "{}", describe(&a));
+    assert_eq!(s.severity, Severity::Leak);
+    for k in [SuspectKind::ReferenceLeak, SuspectKind::UnreleasedGradient] {
+        assert_none_of(&a, k);
+    }
+}
+
+/// The same bug in a validation loop after every epoch (two epochs of four steps and three
+/// evaluation passes): six passes leave their activations behind.
+#[test]
+fn no_grad_missing_eval_every_epoch_keeps_activations() {
+    let mut p = Program::new(2);
+    let per_pass = epochs(&mut p, Grad::Enabled, true);
+    let snap = p.t.finish();
+    let a = analyze_snapshot(&snap);
+    // No evaluation pass is taken for a training pass: the last pass of the first epoch's
+    // validation is followed by training passes from another line, and their backward passes
+    // do not train it.
+    let phases = find_phases(&snap.traces[0].events, &StackTable::new(&snap), &[]);
+    let trained: Vec<bool> = phases
+        .forwards
+        .iter()
+        .filter(|f| f.call_site.is_some_and(|c| snap.frame(c).line == 30))
+        .map(|f| f.trained)
+        .collect();
+    assert_eq!(trained, [false; 6], "`trained` of the six validation passes");
+    let s = the_one(&a, SuspectKind::NoGradMissing);
+    assert_site(&s, TRAIN, 30, &a);
+    // The kept activations, plus each pass's input batch (line 29).
+    assert!(s.bytes > 6 * per_pass && s.bytes <= 6 * per_pass + 6 * (4 << 20), "{}", describe(&a));
+    assert_site(&the_one(&a, SuspectKind::RetainedGraph), TRAIN, 30, &a);
+    // Grows by one pass's activations per pass (the median of the per-pass deltas).
+    assert!(s.growth_bytes_per_iteration.is_some_and(|g| g >= per_pass && g <= per_pass + (4 << 20)), "{}", describe(&a));
+    assert_eq!(s.severity, Severity::Leak);
+    for k in [SuspectKind::ReferenceLeak, SuspectKind::UnreleasedGradient] {
+        assert_none_of(&a, k);
+    }
+}
+
+/// Near miss: the same validation under `torch.no_grad()`, results reduced with `.item()`.
+#[test]
+fn no_grad_missing_near_miss_no_grad_frees_activations() {
+    let mut p = Program::new(2);
+    epochs(&mut p, Grad::NoGrad, false);
+    assert_no_suspects(&analyze_snapshot(&p.t.finish()));
+}
+
+/// Near miss: grad enabled in evaluation, but nothing is kept, so every pass's graph dies with
+/// its outputs (wasteful at the peak, not a leak).
+#[test]
+fn no_grad_missing_near_miss_grad_enabled_nothing_kept() {
+    let mut p = Program::new(2);
+    epochs(&mut p, Grad::Enabled, false);
+    let a = analyze_snapshot(&p.t.finish());
+    for k in [
+        SuspectKind::NoGradMissing,
+        SuspectKind::RetainedGraph,
+        SuspectKind::ReferenceLeak,
+        SuspectKind::UnreleasedGradient,
+    ] {
+        assert_none_of(&a, k);
+    }
+}
+
+
+// ------------------------------------------------------------------------------------------
+// Deferred backward and passes that never reached their backward
+
+/// Gradient accumulation by deferred backward: four passes keep their losses, then one
+/// `torch.stack(losses).mean().backward()` runs through all four. Each pass is consumed by that
+/// backward (it frees their saved tensors), so none is an evaluation pass.
+#[test]
+fn deferred_backward_over_kept_losses_is_training_not_evaluation() {
+    let mut p = Program::new(2);
+    for _ in 0..4 {
+        let mut passes = Vec::new();
+        let mut kept = Vec::new();
+        for _ in 0..4 {
+            let x = p.batch(&[top(15)]);
+            passes.push(p.forward(&[top(16)], Grad::Enabled, false));
+            kept.push((x, p.loss(&[top(17)])));
+        }
+        let refs: Vec<&Pass> = passes.iter().collect();
+        p.backward(&[top(18)], &refs, false);
+        p.step(&[top(19)]);
+        p.zero_grad(&[top(20)], ZeroGrad::SetToNone);
+        for (pass, (x, loss)) in passes.iter().zip(kept) {
+            p.t.free(pass.logits, &[top(23)]);
+            p.t.free(loss, &[top(23)]);
+            p.t.free(x, &[top(23)]);
+        }
+    }
+    let a = analyze_snapshot(&p.t.finish());
+    assert_no_suspects(&a);
+}
+
+/// Near miss of the above: the same loop whose fourth group of passes never gets its backward
+/// because an allocation fails first (the trace ends at the OOM). Those graphs were awaiting
+/// their backward: `retained_graph` names what filled memory; it is not an evaluation loop.
+#[test]
+fn passes_awaiting_backward_at_an_oom_are_not_evaluation() {
+    let mut p = Program::new(2);
+    for round in 0..3 {
+        let mut passes = Vec::new();
+        for _ in 0..4 {
+            p.batch(&[top(15)]);
+            passes.push(p.forward(&[top(16)], Grad::Enabled, false));
+            p.loss(&[top(17)]);
+        }
+        if round < 2 {
+            let refs: Vec<&Pass> = passes.iter().collect();
+            p.backward(&[top(18)], &refs, false);
+            p.step(&[top(19)]);
+        } else {
+            p.t.oom(512 * MIB, 10 * MIB, &[top(16)]);
+        }
+    }
+    let a = analyze_snapshot(&p.t.finish());
+    assert_none_of(&a, SuspectKind::NoGradMissing);
+    let s = the_one(&a, SuspectKind::RetainedGraph);
+    assert!(matches!(s.facts, Evidence::RetainedGraph { hold: GraphHold::AwaitingBackward, .. }), "{}", describe(&a));
+    assert!(!of_kind(&a, SuspectKind::Oom).is_empty());
+}

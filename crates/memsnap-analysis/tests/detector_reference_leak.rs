@@ -1,0 +1,67 @@
+//! reference_leak: tensors no graph holds, kept step after step (src/detectors/reference_leak.rs).
+//! Synthetic traces of the script in `common/scenario.rs`: positives and near misses.
+
+mod common;
+
+#[allow(unused_imports)]
+use common::program::{chain, top, Grad, Pass, Program, ZeroGrad, CALL, MODEL, TRAIN, WRAP};
+#[allow(unused_imports)]
+use common::scenario::*;
+#[allow(unused_imports)]
+use common::{Blk, Fr, TraceBuilder, MIB};
+#[allow(unused_imports)]
+use memsnap_analysis::{find_phases, Evidence, GraphHold, Severity, StackTable, SuspectKind};
+#[allow(unused_imports)]
+use memsnap_model::Snapshot;
+
+// ------------------------------------------------------------------------------------------
+// reference_leak
+
+/// A forward hook on `fc2` appends its output to a list: one operation's output per block per
+/// step survives; nothing else of the graph does.
+#[test]
+fn reference_leak_hook_keeps_one_output_per_step() {
+    let mut p = Program::new(2);
+    let steps = train(&mut p, Train { hook: Keep::Forever, ..Train::default() });
+    let a = analyze_snapshot(&p.t.finish());
+    let s = the_one(&a, SuspectKind::ReferenceLeak);
+    // The user line whose output the hook keeps: `h = self.fc2(h)` in the block's forward.
+    assert_site(&s, MODEL, 24, &a);
+    assert_eq!(s.growth_bytes_per_iteration, Some(steps.fc2_bytes), "{}", describe(&a));
+    assert!(s.bytes >= 5 * steps.fc2_bytes && s.bytes <= 6 * steps.fc2_bytes, "{}", describe(&a));
+    for k in [SuspectKind::RetainedGraph, SuspectKind::NoGradMissing, SuspectKind::UnreleasedGradient] {
+        assert_none_of(&a, k);
+    }
+}
+
+/// Near miss: the hook overwrites its cache, so each output lives one step.
+#[test]
+fn reference_leak_near_miss_hook_keeps_last_step_only() {
+    let mut p = Program::new(2);
+    train(&mut p, Train { hook: Keep::OneStep, ..Train::default() });
+    assert_no_suspects(&analyze_snapshot(&p.t.finish()));
+}
+
+/// `snaps.append(logits.detach().clone())` at a user line outside the model.
+#[test]
+fn reference_leak_user_line_tensor_kept_each_step() {
+    let mut p = Program::new(2);
+    let steps = train(&mut p, Train { clone: Keep::Forever, ..Train::default() });
+    let a = analyze_snapshot(&p.t.finish());
+    let s = the_one(&a, SuspectKind::ReferenceLeak);
+    assert_site(&s, TRAIN, 22, &a);
+    assert_eq!(s.growth_bytes_per_iteration, Some(steps.logits_bytes), "{}", describe(&a));
+    assert_eq!(s.bytes, 5 * steps.logits_bytes, "{}", describe(&a));
+    for k in [SuspectKind::RetainedGraph, SuspectKind::NoGradMissing, SuspectKind::UnreleasedGradient] {
+        assert_none_of(&a, k);
+    }
+}
+
+/// Near miss: `last = logits.detach().clone()`: the previous copy dies when it is replaced.
+#[test]
+fn reference_leak_near_miss_user_line_tensor_replaced_next_step() {
+    let mut p = Program::new(2);
+    train(&mut p, Train { clone: Keep::OneStep, ..Train::default() });
+    assert_no_suspects(&analyze_snapshot(&p.t.finish()));
+}
+

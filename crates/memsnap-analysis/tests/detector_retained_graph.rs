@@ -1,0 +1,147 @@
+//! retained_graph: graphs kept past their backward (see src/detectors/retained_graph.rs).
+//! Synthetic traces of the script in `common/scenario.rs`: positives and near misses.
+
+mod common;
+
+#[allow(unused_imports)]
+use common::program::{chain, top, Grad, Pass, Program, ZeroGrad, CALL, MODEL, TRAIN, WRAP};
+#[allow(unused_imports)]
+use common::scenario::*;
+#[allow(unused_imports)]
+use common::{Blk, Fr, TraceBuilder, MIB};
+#[allow(unused_imports)]
+use memsnap_analysis::{find_phases, Evidence, GraphHold, Severity, StackTable, SuspectKind};
+#[allow(unused_imports)]
+use memsnap_model::Snapshot;
+
+// ------------------------------------------------------------------------------------------
+// The builder's traces are healthy on their own
+
+#[test]
+fn clean_training_has_no_suspects() {
+    let mut p = Program::new(2);
+    train(&mut p, Train::default());
+    validate(&mut p, 3, Grad::NoGrad, false);
+    let a = analyze_snapshot(&p.t.finish());
+    assert_no_suspects(&a);
+    let d = &a.devices[0];
+    assert_eq!(d.phases.backward_passes, 6, "{}", describe(&a));
+    assert_eq!(d.phases.iterations, 6, "{}", describe(&a));
+    assert_eq!(d.phases.eval_windows.len(), 1, "{}", describe(&a));
+}
+
+
+// ------------------------------------------------------------------------------------------
+// retained_graph
+
+/// `loss.backward(retain_graph=True)` and `history.append(loss)`: every step's graph, with the
+/// activations of every operation of the forward pass, stays alive.
+#[test]
+fn retained_graph_every_activation_kept_each_step() {
+    let mut p = Program::new(2);
+    let o = Train { retain_graph: true, keep_loss: true, ..Train::default() };
+    let steps = train(&mut p, o);
+    let a = analyze_snapshot(&p.t.finish());
+    let s = the_one(&a, SuspectKind::RetainedGraph);
+    // `backward(retain_graph=True)` frees none of the graph: named at the backward line.
+    assert_site(&s, TRAIN, 18, &a);
+    assert_eq!(s.severity, Severity::Leak, "{}", describe(&a));
+    assert!(matches!(s.facts, Evidence::RetainedGraph { hold: GraphHold::RetainedByBackward, .. }));
+    assert!(s.growth_bytes_per_iteration.unwrap() > steps.saved_bytes, "{}", describe(&a));
+    // Every step's graph is kept, with its inputs and loss (members of the same graph).
+    assert!(s.bytes >= 5 * steps.saved_bytes, "{}", describe(&a));
+    assert!(s.confidence >= 0.5 && s.confidence <= 1.0);
+    assert!(!s.stack.is_empty() && !s.advice.is_empty() && !s.evidence.is_empty());
+    for k in [SuspectKind::NoGradMissing, SuspectKind::ReferenceLeak, SuspectKind::UnreleasedGradient] {
+        assert_none_of(&a, k);
+    }
+    assert_eq!(a.suspects()[0].kind, SuspectKind::RetainedGraph, "{}", describe(&a));
+}
+
+/// Near miss: the same loop with the graph freed by backward (`loss.item()` kept). Its
+/// high-water mark comes back every step.
+#[test]
+fn retained_graph_near_miss_activations_freed_in_backward() {
+    let mut p = Program::new(2);
+    train(&mut p, Train::default());
+    assert_no_suspects(&analyze_snapshot(&p.t.finish()));
+}
+
+/// Near miss: activations so large that this clean run's peak is as high as the leaking run's.
+#[test]
+fn retained_graph_near_miss_same_high_peak() {
+    let mut leak = Program::new(2);
+    train(&mut leak, Train { retain_graph: true, keep_loss: true, ..Train::default() });
+    let leak_peak = leak.t.peak_allocated;
+    let mut p = Program::new(12);
+    train(&mut p, Train::default());
+    assert!(p.t.peak_allocated >= leak_peak, "{} < {leak_peak}", p.t.peak_allocated);
+    assert_no_suspects(&analyze_snapshot(&p.t.finish()));
+}
+
+/// Near miss for the leak: `retain_graph=True`, but the loss is not kept, so each graph dies
+/// when `loss` is rebound next step. Not a leak, but the peak holds two graphs: severity `peak`.
+#[test]
+fn retained_graph_near_miss_retain_graph_without_keeping_the_loss() {
+    let mut p = Program::new(2);
+    train(&mut p, Train { retain_graph: true, ..Train::default() });
+    let a = analyze_snapshot(&p.t.finish());
+    let s = the_one(&a, SuspectKind::RetainedGraph);
+    assert_eq!(s.severity, Severity::Peak, "{}", describe(&a));
+    assert!(s.growth_bytes_per_iteration.is_none());
+    assert!(s.peak_without.is_some_and(|w| w < a.devices[0].peak.allocated), "{}", describe(&a));
+    assert_eq!(a.suspects().len(), 1, "{}", describe(&a));
+}
+
+
+// ------------------------------------------------------------------------------------------
+// Python that the autograd engine runs inside a backward pass
+
+const CHECKPOINT: &str = "/usr/lib/python3.11/site-packages/torch/utils/checkpoint.py";
+const GRAPH: &str = "/usr/lib/python3.11/site-packages/torch/autograd/graph.py";
+
+/// Activation checkpointing: during backward, the engine's thread recomputes a forward region
+/// through `nn.Module` calls under `torch/utils/checkpoint.py`, with no user loop on the stack.
+/// Those allocations belong to the backward (they must not open forward passes or evaluation
+/// windows, nor close the backward window), and the program is clean.
+#[test]
+fn checkpoint_recomputation_belongs_to_the_backward() {
+    let mut p = Program::new(2);
+    let recompute = [
+        (common::program::LINEAR, 125, "forward"),
+        CALL,
+        WRAP,
+        (MODEL, 22, "forward"),
+        CALL,
+        WRAP,
+        (CHECKPOINT, 1125, "recompute_fn"),
+        (GRAPH, 400, "unpack_hook"),
+    ];
+    for _ in 0..5 {
+        let x = p.batch(&[top(15)]);
+        let pass = p.forward(&[top(16)], Grad::Enabled, false);
+        let loss = p.loss(&[top(17)]);
+        // The launch, then the recomputed region (freed inside the backward), then the rest.
+        let launch = chain(&[
+            &[(common::program::AUTOGRAD, 220, "_make_grads"), (common::program::AUTOGRAD, 347, "backward")],
+            &[top(18)],
+        ]);
+        let seed = p.t.alloc(2 * MIB, &launch);
+        let r = p.t.alloc(4 * MIB, &recompute);
+        p.t.free(r, &recompute);
+        p.t.free(seed, &[]);
+        p.backward(&[top(18)], &[&pass], false);
+        p.step(&[top(19)]);
+        p.zero_grad(&[top(20)], ZeroGrad::SetToNone);
+        p.t.free(pass.logits, &[top(23)]);
+        p.t.free(loss, &[top(23)]);
+        p.t.free(x, &[top(23)]);
+    }
+    let snap = p.t.finish();
+    let stacks = StackTable::new(&snap);
+    let phases = find_phases(&snap.traces[0].events, &stacks, &[]);
+    assert_eq!(phases.forwards.len(), 5, "recomputation opened forward passes: {:?}", phases.forwards);
+    assert!(phases.eval_windows.is_empty(), "{:?}", phases.eval_windows);
+    let a = analyze_snapshot(&snap);
+    assert_no_suspects(&a);
+}

@@ -1,0 +1,102 @@
+//! unreleased_gradient: gradients kept each step, or through evaluation (src/detectors/unreleased_gradient.rs).
+//! Synthetic traces of the script in `common/scenario.rs`: positives and near misses.
+
+mod common;
+
+#[allow(unused_imports)]
+use common::program::{chain, top, Grad, Pass, Program, ZeroGrad, CALL, MODEL, TRAIN, WRAP};
+#[allow(unused_imports)]
+use common::scenario::*;
+#[allow(unused_imports)]
+use common::{Blk, Fr, TraceBuilder, MIB};
+#[allow(unused_imports)]
+use memsnap_analysis::{find_phases, Evidence, GraphHold, Severity, StackTable, SuspectKind};
+#[allow(unused_imports)]
+use memsnap_model::Snapshot;
+
+// ------------------------------------------------------------------------------------------
+// unreleased_gradient: growth
+
+/// `grad_log.append({n: p.grad ...})` with `zero_grad(set_to_none=True)`: every backward
+/// allocates new gradients and none is ever freed.
+#[test]
+fn unreleased_gradient_new_grads_kept_each_step() {
+    let mut p = Program::new(2);
+    train(&mut p, Train { zero: ZeroGrad::SetToNoneButReferenced, ..Train::default() });
+    let params = p.param_bytes();
+    let a = analyze_snapshot(&p.t.finish());
+    let s = the_one(&a, SuspectKind::UnreleasedGradient);
+    // Frameless backward allocations are attributed to the `.backward()` line.
+    assert_site(&s, TRAIN, 18, &a);
+    assert_eq!(s.growth_bytes_per_iteration, Some(params), "{}", describe(&a));
+    assert!(s.bytes >= 5 * params && s.bytes <= 6 * params, "{}", describe(&a));
+    for k in [SuspectKind::RetainedGraph, SuspectKind::NoGradMissing, SuspectKind::ReferenceLeak] {
+        assert_none_of(&a, k);
+    }
+}
+
+/// Near miss: `zero_grad(set_to_none=False)`: gradients allocated by the first backward and
+/// reused by every later one.
+#[test]
+fn unreleased_gradient_near_miss_grads_allocated_once_and_reused() {
+    let mut p = Program::new(2);
+    train(&mut p, Train { zero: ZeroGrad::InPlace, ..Train::default() });
+    assert_no_suspects(&analyze_snapshot(&p.t.finish()));
+}
+
+// ------------------------------------------------------------------------------------------
+// unreleased_gradient: through evaluation
+
+/// `zero_grad(set_to_none=False)`, then a `no_grad` evaluation: parameter-sized gradients are
+/// allocated while the evaluation runs.
+#[test]
+fn unreleased_gradient_grads_alive_through_eval() {
+    let mut p = Program::new(2);
+    train(&mut p, Train { steps: 5, zero: ZeroGrad::InPlace, ..Train::default() });
+    validate(&mut p, 4, Grad::NoGrad, false);
+    let params = p.param_bytes();
+    let a = analyze_snapshot(&p.t.finish());
+    let s = the_one(&a, SuspectKind::UnreleasedGradient);
+    assert_site(&s, TRAIN, 18, &a);
+    assert_eq!(s.growth_bytes_per_iteration, None, "{}", describe(&a));
+    assert_eq!(s.bytes, params, "{}", describe(&a));
+    assert_eq!(a.suspects().len(), 1, "{}", describe(&a));
+}
+
+/// Near miss: `zero_grad(set_to_none=True)` after the step frees the gradients before eval.
+#[test]
+fn unreleased_gradient_near_miss_grads_freed_before_eval() {
+    let mut p = Program::new(2);
+    train(&mut p, Train { steps: 5, ..Train::default() });
+    validate(&mut p, 4, Grad::NoGrad, false);
+    assert_no_suspects(&analyze_snapshot(&p.t.finish()));
+}
+
+/// `zero_grad(set_to_none=True)` at the start of each step: the last step's gradients are
+/// still allocated during the evaluation that follows (a true, if common, suspect).
+#[test]
+fn unreleased_gradient_grads_zeroed_at_step_start_alive_through_eval() {
+    let mut p = Program::new(2);
+    train(&mut p, Train { steps: 5, zero_at_start: true, ..Train::default() });
+    validate(&mut p, 4, Grad::NoGrad, false);
+    let params = p.param_bytes();
+    let a = analyze_snapshot(&p.t.finish());
+    let s = the_one(&a, SuspectKind::UnreleasedGradient);
+    assert_site(&s, TRAIN, 18, &a);
+    assert_eq!(s.growth_bytes_per_iteration, None, "{}", describe(&a));
+    assert_eq!(s.bytes, params, "{}", describe(&a));
+    assert_eq!(a.suspects().len(), 1, "{}", describe(&a));
+}
+
+/// Near miss for the evaluation windows: two model calls per step (from two lines) feed one
+/// loss and one backward, gradients kept with `set_to_none=False`, no evaluation at all. The
+/// first call is followed by another call before its backward, yet it is a training pass.
+#[test]
+fn two_model_calls_per_step_are_training_not_evaluation() {
+    let mut p = Program::new(2);
+    train(&mut p, Train { zero: ZeroGrad::InPlace, two_calls: true, ..Train::default() });
+    let a = analyze_snapshot(&p.t.finish());
+    assert!(a.devices[0].phases.eval_windows.is_empty(), "{}", describe(&a));
+    assert_no_suspects(&a);
+}
+

@@ -1,0 +1,162 @@
+//! Every threshold matters: for each field of [`Thresholds`], a synthetic program whose verdict
+//! holds with the default and changes when that one number is moved past what the program
+//! shows. A rule that a mutation of its threshold leaves unchanged is not tested.
+//! (`scalar_root_bytes` needs blocks smaller than this builder's 2 MiB granule: the real-fixture
+//! scorecard covers it, where x04, y07 and z12 are named at their running sums.)
+
+mod common;
+
+use common::program::{top, Grad, Program, ZeroGrad};
+use common::scenario::*;
+use common::{TraceBuilder, MIB};
+use memsnap_analysis::{analyze_with, Analysis, Severity, SuspectKind, Thresholds};
+use memsnap_model::Snapshot;
+
+fn run(snap: &Snapshot, th: &Thresholds) -> Analysis {
+    let replay = memsnap_replay::replay(snap);
+    analyze_with(snap, &replay, th)
+}
+
+fn has(a: &Analysis, kind: SuspectKind, severity: Severity) -> bool {
+    a.suspects().iter().any(|s| s.kind == kind && s.severity == severity)
+}
+
+fn retained_each_step() -> Snapshot {
+    let mut p = Program::new(2);
+    train(&mut p, Train { retain_graph: true, keep_loss: true, ..Train::default() });
+    p.t.finish()
+}
+
+fn retained_until_next_step() -> Snapshot {
+    let mut p = Program::new(2);
+    train(&mut p, Train { retain_graph: true, ..Train::default() });
+    p.t.finish()
+}
+
+fn eval_keeps_logits() -> Snapshot {
+    let mut p = Program::new(2);
+    train(&mut p, Train::default());
+    validate(&mut p, 4, Grad::Enabled, true);
+    p.t.finish()
+}
+
+fn grads_kept() -> Snapshot {
+    let mut p = Program::new(2);
+    train(&mut p, Train { zero: ZeroGrad::SetToNoneButReferenced, ..Train::default() });
+    p.t.finish()
+}
+
+fn grads_through_eval() -> Snapshot {
+    let mut p = Program::new(2);
+    train(&mut p, Train { steps: 5, zero: ZeroGrad::InPlace, ..Train::default() });
+    validate(&mut p, 4, Grad::NoGrad, false);
+    p.t.finish()
+}
+
+fn clone_kept() -> Snapshot {
+    let mut p = Program::new(2);
+    train(&mut p, Train { clone: Keep::Forever, ..Train::default() });
+    p.t.finish()
+}
+
+fn holes() -> Snapshot {
+    let mut t = TraceBuilder::with_segment(256 * MIB);
+    let bufs: Vec<_> = (0..16).map(|_| t.alloc(16 * MIB, &[top(12)])).collect();
+    for (k, b) in bufs.into_iter().enumerate() {
+        if k % 2 == 1 {
+            t.free(b, &[top(13)]);
+        }
+    }
+    t.finish()
+}
+
+/// (threshold, program, the thresholds it is judged with, the mutation, the verdict).
+/// An inference service recorded with `enabled="state"`: ten model outputs from one request
+/// line are alive at the dump, and the trace is empty.
+fn state_only_cache() -> Snapshot {
+    let mut p = Program::new(2);
+    for _ in 0..10 {
+        let pass = p.forward(&[top(30)], Grad::NoGrad, false);
+        let _ = pass;
+    }
+    let mut snap = p.t.finish();
+    for t in &mut snap.traces {
+        t.events.clear();
+    }
+    snap
+}
+
+type Case = (&'static str, fn() -> Snapshot, fn(&mut Thresholds), fn(&mut Thresholds), fn(&Analysis) -> bool);
+
+fn default(_: &mut Thresholds) {}
+
+const CASES: &[Case] = &[
+    ("min_suspect_bytes", clone_kept, default, |t| t.min_suspect_bytes = 1 << 40, |a| {
+        has(a, SuspectKind::ReferenceLeak, Severity::Leak)
+    }),
+    // With a byte floor above the leak, it is reported only because it repeats often enough.
+    ("small_leak_occurrences", clone_kept, |t| { t.min_suspect_bytes = 1 << 40; t.small_leak_occurrences = 5 }, |t| t.small_leak_occurrences = 100, |a| {
+        has(a, SuspectKind::ReferenceLeak, Severity::Leak)
+    }),
+    ("min_pass_blocks", eval_keeps_logits, default, |t| t.min_pass_blocks = 1000, |a| {
+        has(a, SuspectKind::NoGradMissing, Severity::Leak)
+    }),
+    ("min_saved_blocks", eval_keeps_logits, default, |t| t.min_saved_blocks = 1000, |a| {
+        has(a, SuspectKind::NoGradMissing, Severity::Leak)
+    }),
+    ("saved_fraction", eval_keeps_logits, default, |t| t.saved_fraction = 1.01, |a| {
+        has(a, SuspectKind::NoGradMissing, Severity::Leak)
+    }),
+    ("min_peak_share", retained_until_next_step, default, |t| t.min_peak_share = 0.99, |a| {
+        has(a, SuspectKind::RetainedGraph, Severity::Peak)
+    }),
+    ("min_leak_occurrences", retained_each_step, default, |t| t.min_leak_occurrences = 100, |a| {
+        has(a, SuspectKind::RetainedGraph, Severity::Leak)
+    }),
+    ("leak_occurrence_share", clone_kept, default, |t| { t.leak_occurrence_share = 1.5 }, |a| {
+        has(a, SuspectKind::ReferenceLeak, Severity::Leak)
+    }),
+    ("min_held_graphs", eval_keeps_logits, default, |t| t.min_held_graphs = 100, |a| {
+        has(a, SuspectKind::RetainedGraph, Severity::Leak)
+    }),
+    ("min_gradients_per_step", grads_kept, default, |t| t.min_gradients_per_step = 100, |a| {
+        has(a, SuspectKind::UnreleasedGradient, Severity::Leak)
+    }),
+    ("grad_waste_share", grads_through_eval, default, |t| t.grad_waste_share = 0.99, |a| {
+        has(a, SuspectKind::UnreleasedGradient, Severity::Waste)
+    }),
+    ("fragmentation_min_split_bytes", holes, default, |t| t.fragmentation_min_split_bytes = 1 << 40, |a| {
+        has(a, SuspectKind::Fragmentation, Severity::Waste)
+    }),
+    ("fragmentation_min_split_share", holes, default, |t| t.fragmentation_min_split_share = 0.9, |a| {
+        has(a, SuspectKind::Fragmentation, Severity::Waste)
+    }),
+    ("fragmentation_max_allocated_share", holes, default, |t| t.fragmentation_max_allocated_share = 0.1, |a| {
+        has(a, SuspectKind::Fragmentation, Severity::Waste)
+    }),
+    ("state_min_same_site_blocks", state_only_cache, default, |t| t.state_min_same_site_blocks = 100, |a| {
+        has(a, SuspectKind::ReferenceLeak, Severity::Leak)
+    }),
+    ("state_only_confidence", state_only_cache, default, |t| t.state_only_confidence = 0.9, |a| {
+        a.suspects().iter().any(|s| s.kind == SuspectKind::ReferenceLeak && s.confidence <= 0.5)
+    }),
+];
+
+#[test]
+fn each_threshold_changes_a_verdict() {
+    let mut failures = Vec::new();
+    for (name, make, base, mutate, holds) in CASES {
+        let snap = make();
+        let mut th = Thresholds::DEFAULT;
+        base(&mut th);
+        if !holds(&run(&snap, &th)) {
+            failures.push(format!("{name}: the verdict does not hold before the mutation:{}", describe(&run(&snap, &th))));
+            continue;
+        }
+        mutate(&mut th);
+        if holds(&run(&snap, &th)) {
+            failures.push(format!("{name}: moving it did not change the verdict"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
