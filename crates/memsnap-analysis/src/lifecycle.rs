@@ -54,12 +54,13 @@ pub struct Unit {
     /// Blocks allocated inside the module calls, and of those, alive when the pass returned.
     pub pass_blocks: u32,
     pub survived_pass: u32,
-    /// Bytes of this unit's blocks alive when the unit ended (what autograd saved, with grad on).
+    /// Bytes of the pass's blocks alive when it returned (what autograd saved, with grad on).
     pub saved_bytes: u64,
     /// Grad was enabled (many blocks outlived the pass).
     pub grad_on: bool,
     /// A block of this unit still allocated after this event is held by more than a rebound
-    /// variable: it is the end of the second unit after this one (or the trace end).
+    /// variable or the evaluation loop's own list: the end of the second unit after this one, or
+    /// of the first pass after its evaluation window, whichever is later (or the trace end).
     pub horizon: u32,
 }
 
@@ -142,6 +143,14 @@ pub fn lifecycle(
         .collect();
     for k in 0..units.len() {
         units[k].horizon = units.get(k + 2).map_or(n, |u| u.span.end);
+        // In an evaluation window, outputs collected by the loop die when the loop returns: a
+        // graph is held by something else only if it outlives the window too (up to the end of
+        // the first pass after it).
+        let start = units[k].pass_span.start;
+        if let Some(w) = phases.eval_windows.iter().find(|w| w.contains(start)) {
+            let after = units.iter().find(|u| u.span.start >= w.end).map_or(n, |u| u.span.end);
+            units[k].horizon = units[k].horizon.max(after);
+        }
     }
     let unit_at = |i: u32| -> Option<usize> {
         let k = units.partition_point(|u| u.span.start <= i);
@@ -166,6 +175,20 @@ pub fn lifecycle(
     for b in d.blocks.iter().filter(|b| b.alloc_event.is_some()) {
         *recurrence.entry((events[b.alloc_event.unwrap_or(0) as usize].stack, b.size)).or_default() += 1;
     }
+    // Lines that make a pass's inputs: those allocating in the gap before a pass (after a
+    // backward, or before the first pass). When the same line allocates again right after a
+    // pass, it is making the next pass's inputs, not computing on this pass's result.
+    let input_stacks: std::collections::HashSet<memsnap_model::StackId> = d
+        .blocks
+        .iter()
+        .filter_map(|b| b.alloc_event)
+        .filter(|&a| unit_at(a).is_none() && next_unit(a).is_some())
+        .map(|a| events[a as usize].stack)
+        .filter(|&s| {
+            let info = stacks.get(s);
+            info.python && !info.forward && !info.optimizer && !info.backward_launch && !info.recompute
+        })
+        .collect();
     let mut unit_of_block = vec![u32::MAX; d.blocks.len()];
     let mut members: Vec<Vec<(usize, bool)>> = vec![Vec::new(); units.len()];
     let mut consumer: Vec<Option<usize>> = vec![None; units.len()];
@@ -179,7 +202,8 @@ pub fn lifecycle(
         if free_event(b).is_none() && recurrence.get(&(stack, b.size)) == Some(&1) {
             continue;
         }
-        let Some(u) = unit_at(a).or_else(|| if info.forward { None } else { next_unit(a) }) else { continue };
+        let here = unit_at(a).filter(|&u| info.forward || !input_stacks.contains(&stack) || units[u].pass_span.contains(a));
+        let Some(u) = here.or_else(|| if info.forward { None } else { next_unit(a) }) else { continue };
         let in_pass = units[u].pass_span.contains(a) && info.forward;
         if !in_pass && info.forward {
             continue;
@@ -204,18 +228,16 @@ pub fn lifecycle(
     // Grad evidence and fates.
     for (u, unit) in units.iter_mut().enumerate() {
         let last_pass_event = unit.pass_span.end.saturating_sub(1);
-        let last_unit_event = unit.span.end.saturating_sub(1);
         for &(bi, in_pass) in &members[u] {
             let b = &d.blocks[bi];
             if in_pass {
                 unit.pass_blocks += 1;
                 if alive_after(b, last_pass_event) {
                     unit.survived_pass += 1;
+                    unit.saved_bytes += b.size;
                 }
             }
-            if alive_after(b, last_unit_event) {
-                unit.saved_bytes += b.size;
-            }
+
         }
         unit.grad_on = unit.pass_blocks >= th.min_pass_blocks
             && unit.survived_pass >= th.min_saved_blocks

@@ -54,7 +54,7 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
             let lines = if held_lines.is_empty() {
                 String::new()
             } else {
-                format!(" (saved at {})", held_lines.iter().map(|l| l.short()).collect::<Vec<_>>().join(", "))
+                format!(", saved at {}", held_lines.iter().map(|l| l.short()).collect::<Vec<_>>().join(", "))
             };
             let head = match hold {
                 GraphHold::RetainedByBackward => format!(

@@ -74,7 +74,8 @@ impl Detector for RetainedGraph {
                 // past the pass (a running `total = total + loss`), not one a library saved
                 // inside a loss function. The first one is where the keeping starts.
                 let info = cx.stacks.get(cx.event_stack(b));
-                if !ub.in_pass
+                let after_pass = b.alloc_event.is_some_and(|a| a >= unit.pass_span.end);
+                if after_pass
                     && ub.fate != BlockFate::Temporary
                     && b.size <= th.scalar_root_bytes
                     && info.site.is_some()
