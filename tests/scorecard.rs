@@ -150,8 +150,7 @@ fn scorecard_over_real_fixtures() {
                     Some(of_kind[0])
                 }
                 _ => {
-                    let got: Vec<String> =
-                        of_kind.iter().map(|s| format!("{}", s["site"]["line"])).collect();
+                    let got: Vec<String> = of_kind.iter().map(|s| format!("{}", s["site"]["line"])).collect();
                     card.failures.push(format!("{name}: {kind} not named at {script}:{lines:?} (got lines {got:?})"));
                     notes.push(format!("{kind} MISSED"));
                     None
@@ -166,7 +165,8 @@ fn scorecard_over_real_fixtures() {
         for s in &suspects {
             let kind = s["kind"].as_str().unwrap();
             let severity = s["severity"].as_str().unwrap();
-            let leak_kind = matches!(kind, "retained_graph" | "no_grad_missing" | "unreleased_gradient" | "reference_leak");
+            let leak_kind =
+                matches!(kind, "retained_graph" | "no_grad_missing" | "unreleased_gradient" | "reference_leak");
             let bytes = s["bytes"].as_u64().unwrap();
             if planted.is_empty() && severity == "leak" {
                 card.false_positive += 1;
@@ -178,7 +178,9 @@ fn scorecard_over_real_fixtures() {
         }
         let shown: Vec<String> = suspects
             .iter()
-            .map(|s| format!("{}[{}]@{}", s["kind"].as_str().unwrap(), s["severity"].as_str().unwrap(), s["site"]["line"]))
+            .map(|s| {
+                format!("{}[{}]@{}", s["kind"].as_str().unwrap(), s["severity"].as_str().unwrap(), s["site"]["line"])
+            })
             .collect();
         card.rows.push(format!(
             "{name:<52} {:<6} {} | {}",

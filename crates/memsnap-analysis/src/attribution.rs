@@ -97,7 +97,13 @@ impl AllocPhase {
 }
 
 /// The phase that allocated `b`.
-pub fn alloc_phase(events: &[TraceEvent], phases: &Phases, stacks: &StackTable, b: &BlockLifetime, attr: Attr) -> AllocPhase {
+pub fn alloc_phase(
+    events: &[TraceEvent],
+    phases: &Phases,
+    stacks: &StackTable,
+    b: &BlockLifetime,
+    attr: Attr,
+) -> AllocPhase {
     let Some(a) = b.alloc_event else { return AllocPhase::PreTrace };
     if matches!(attr, Attr::Backward(_)) {
         return AllocPhase::Backward;

@@ -28,15 +28,15 @@ use rayon::prelude::*;
 pub use attribution::{alloc_phase, attr_label, attribute, categorize, AllocPhase, Attr, Category, Site};
 pub use detectors::{Context, Detector, Finding, REGISTRY};
 pub use evidence::{
-    rank, Evidence, GradientHold, GraphHold, Holder, IterationsBy, LeakOrigin, Occurrence, OomCause, Severity,
-    Suspect, SuspectKind,
+    rank, Evidence, GradientHold, GraphHold, Holder, IterationsBy, LeakOrigin, Occurrence, OomCause, Severity, Suspect,
+    SuspectKind,
 };
-pub use lifecycle::{lifecycle, BlockFate, Lifecycle, Unit, UnitBlock, UnitFate};
-pub use render::fmt_bytes;
-pub use thresholds::Thresholds;
 pub use graph::{frame_label, short_path, LiveBlock, MemoryGraph, Node, AUTOGRAD, NO_FRAMES, PRE_TRACE};
+pub use lifecycle::{lifecycle, BlockFate, Lifecycle, Unit, UnitBlock, UnitFate};
 pub use phases::{find_phases, Backward, ForwardPass, IterationSource, Phases, Span};
+pub use render::fmt_bytes;
 pub use stacks::{StackInfo, StackTable};
+pub use thresholds::Thresholds;
 
 /// Bytes held by one attribution at a moment.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -274,5 +274,15 @@ fn analyze_device(
         eval_windows: phases.eval_windows.clone(),
         optimizer_steps: phases.optimizer_steps.len(),
     };
-    DeviceAnalysis { device: d.device, peak_known, suspects, peak, end, phases: phase_summary, caveats, peak_blocks, end_blocks }
+    DeviceAnalysis {
+        device: d.device,
+        peak_known,
+        suspects,
+        peak,
+        end,
+        phases: phase_summary,
+        caveats,
+        peak_blocks,
+        end_blocks,
+    }
 }

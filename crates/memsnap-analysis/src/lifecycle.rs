@@ -202,7 +202,8 @@ pub fn lifecycle(
         if free_event(b).is_none() && recurrence.get(&(stack, b.size)) == Some(&1) {
             continue;
         }
-        let here = unit_at(a).filter(|&u| info.forward || !input_stacks.contains(&stack) || units[u].pass_span.contains(a));
+        let here =
+            unit_at(a).filter(|&u| info.forward || !input_stacks.contains(&stack) || units[u].pass_span.contains(a));
         let Some(u) = here.or_else(|| if info.forward { None } else { next_unit(a) }) else { continue };
         let in_pass = units[u].pass_span.contains(a) && info.forward;
         if !in_pass && info.forward {
@@ -237,7 +238,6 @@ pub fn lifecycle(
                     unit.saved_bytes += b.size;
                 }
             }
-
         }
         unit.grad_on = unit.pass_blocks >= th.min_pass_blocks
             && unit.survived_pass >= th.min_saved_blocks
@@ -277,7 +277,8 @@ pub fn lifecycle(
         let oom_after = last_oom.is_some_and(|o| o >= unit.span.start);
         let site_trains = site_last_consumed.iter().any(|s| s.0 == unit.call_site && s.1 < unit.span.start);
         // A pass that raised an OOM never reached its backward: the exception unwound it.
-        let interrupted = events[unit.span.start as usize..unit.span.end as usize].iter().any(|e| e.action == Action::Oom);
+        let interrupted =
+            events[unit.span.start as usize..unit.span.end as usize].iter().any(|e| e.action == Action::Oom);
         if interrupted || after_last_backward && (oom_after || site_trains) {
             unit.fate = UnitFate::AwaitingBackward;
         }

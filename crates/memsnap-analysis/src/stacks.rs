@@ -102,7 +102,10 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], frames: &[FrameId]) -> StackInfo {
         {
             s.backward_launch = true;
         }
-        if file.ends_with("torch/utils/checkpoint.py") || file.contains("torch/autograd/") || file.contains("torch/_functorch/") {
+        if file.ends_with("torch/utils/checkpoint.py")
+            || file.contains("torch/autograd/")
+            || file.contains("torch/_functorch/")
+        {
             autograd_machinery = Some(i);
         }
         outermost_python = Some((i, kind));

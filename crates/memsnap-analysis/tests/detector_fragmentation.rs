@@ -43,7 +43,11 @@ fn fragmentation_live_blocks_between_free_holes() {
     assert_eq!(s.bytes, 128 * MIB, "{}", describe(&a));
     // Named at the line whose live blocks pin the holes.
     assert_site(&s, TRAIN, 12, &a);
-    assert!(matches!(s.facts, Evidence::Fragmentation { largest_free_block, .. } if largest_free_block == 16 * MIB), "largest free block in the facts:{}", describe(&a));
+    assert!(
+        matches!(s.facts, Evidence::Fragmentation { largest_free_block, .. } if largest_free_block == 16 * MIB),
+        "largest free block in the facts:{}",
+        describe(&a)
+    );
     assert!(s.evidence.contains("16.00 MiB"), "and in the words:{}", describe(&a));
     assert_eq!(a.suspects().len(), 1, "{}", describe(&a));
 }
@@ -70,4 +74,3 @@ fn fragmentation_near_miss_few_holes() {
     assert_eq!(snap.device_totals()[0].inactive_split_bytes, 80 * MIB);
     assert_no_suspects(&analyze_snapshot(&snap));
 }
-

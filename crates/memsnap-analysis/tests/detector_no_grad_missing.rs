@@ -40,7 +40,11 @@ fn no_grad_missing_eval_after_training_keeps_activations() {
     // same graphs.
     assert!(s.bytes > 4 * per_pass && s.bytes <= 4 * per_pass + 4 * (4 << 20), "{}", describe(&a));
     // Grows by one pass's activations per pass (the median of the per-pass deltas).
-    assert!(s.growth_bytes_per_iteration.is_some_and(|g| g >= per_pass && g <= per_pass + (4 << 20)), "{}", describe(&a));
+    assert!(
+        s.growth_bytes_per_iteration.is_some_and(|g| g >= per_pass && g <= per_pass + (4 << 20)),
+        "{}",
+        describe(&a)
+    );
     assert_eq!(s.severity, Severity::Leak);
     for k in [SuspectKind::ReferenceLeak, SuspectKind::UnreleasedGradient] {
         assert_none_of(&a, k);
@@ -72,7 +76,11 @@ fn no_grad_missing_eval_every_epoch_keeps_activations() {
     assert!(s.bytes > 6 * per_pass && s.bytes <= 6 * per_pass + 6 * (4 << 20), "{}", describe(&a));
     assert_site(&the_one(&a, SuspectKind::RetainedGraph), TRAIN, 30, &a);
     // Grows by one pass's activations per pass (the median of the per-pass deltas).
-    assert!(s.growth_bytes_per_iteration.is_some_and(|g| g >= per_pass && g <= per_pass + (4 << 20)), "{}", describe(&a));
+    assert!(
+        s.growth_bytes_per_iteration.is_some_and(|g| g >= per_pass && g <= per_pass + (4 << 20)),
+        "{}",
+        describe(&a)
+    );
     assert_eq!(s.severity, Severity::Leak);
     for k in [SuspectKind::ReferenceLeak, SuspectKind::UnreleasedGradient] {
         assert_none_of(&a, k);
@@ -103,7 +111,6 @@ fn no_grad_missing_near_miss_grad_enabled_nothing_kept() {
         assert_none_of(&a, k);
     }
 }
-
 
 // ------------------------------------------------------------------------------------------
 // Deferred backward and passes that never reached their backward

@@ -57,7 +57,11 @@ fn oom_event_explained_at_the_user_line() {
     assert_eq!(s.bytes, big);
     assert_eq!(s.confidence, 1.0);
     assert!(s.stack.iter().any(|f| f.filename == MODEL && f.line == 22), "{:?}", s.stack);
-    assert!(matches!(s.facts, Evidence::Oom { requested, .. } if requested == big), "requested size in the facts:{}", describe(&a));
+    assert!(
+        matches!(s.facts, Evidence::Oom { requested, .. } if requested == big),
+        "requested size in the facts:{}",
+        describe(&a)
+    );
     assert!(s.evidence.contains("256.00 MiB"), "requested size in the evidence:{}", describe(&a));
     assert!(s.evidence.contains("100.00 MiB"), "device free in the evidence:{}", describe(&a));
     assert_eq!(a.suspects()[0].kind, SuspectKind::Oom);
@@ -70,4 +74,3 @@ fn oom_near_miss_large_allocation_succeeds() {
     let (snap, _) = oom_run(false);
     assert_no_suspects(&analyze_snapshot(&snap));
 }
-

@@ -64,4 +64,3 @@ fn reference_leak_near_miss_user_line_tensor_replaced_next_step() {
     train(&mut p, Train { clone: Keep::OneStep, ..Train::default() });
     assert_no_suspects(&analyze_snapshot(&p.t.finish()));
 }
-

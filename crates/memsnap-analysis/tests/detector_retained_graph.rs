@@ -30,7 +30,6 @@ fn clean_training_has_no_suspects() {
     assert_eq!(d.phases.eval_windows.len(), 1, "{}", describe(&a));
 }
 
-
 // ------------------------------------------------------------------------------------------
 // retained_graph
 
@@ -92,7 +91,6 @@ fn retained_graph_near_miss_retain_graph_without_keeping_the_loss() {
     assert!(s.peak_without.is_some_and(|w| w < a.devices[0].peak.allocated), "{}", describe(&a));
     assert_eq!(a.suspects().len(), 1, "{}", describe(&a));
 }
-
 
 // ------------------------------------------------------------------------------------------
 // Python that the autograd engine runs inside a backward pass

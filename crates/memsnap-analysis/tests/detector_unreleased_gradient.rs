@@ -99,4 +99,3 @@ fn two_model_calls_per_step_are_training_not_evaluation() {
     assert!(a.devices[0].phases.eval_windows.is_empty(), "{}", describe(&a));
     assert_no_suspects(&a);
 }
-

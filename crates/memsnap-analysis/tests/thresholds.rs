@@ -91,55 +91,122 @@ type Case = (&'static str, fn() -> Snapshot, fn(&mut Thresholds), fn(&mut Thresh
 fn default(_: &mut Thresholds) {}
 
 const CASES: &[Case] = &[
-    ("min_suspect_bytes", clone_kept, default, |t| t.min_suspect_bytes = 1 << 40, |a| {
-        has(a, SuspectKind::ReferenceLeak, Severity::Leak)
-    }),
+    (
+        "min_suspect_bytes",
+        clone_kept,
+        default,
+        |t| t.min_suspect_bytes = 1 << 40,
+        |a| has(a, SuspectKind::ReferenceLeak, Severity::Leak),
+    ),
     // With a byte floor above the leak, it is reported only because it repeats often enough.
-    ("small_leak_occurrences", clone_kept, |t| { t.min_suspect_bytes = 1 << 40; t.small_leak_occurrences = 5 }, |t| t.small_leak_occurrences = 100, |a| {
-        has(a, SuspectKind::ReferenceLeak, Severity::Leak)
-    }),
-    ("min_pass_blocks", eval_keeps_logits, default, |t| t.min_pass_blocks = 1000, |a| {
-        has(a, SuspectKind::NoGradMissing, Severity::Leak)
-    }),
-    ("min_saved_blocks", eval_keeps_logits, default, |t| t.min_saved_blocks = 1000, |a| {
-        has(a, SuspectKind::NoGradMissing, Severity::Leak)
-    }),
-    ("saved_fraction", eval_keeps_logits, default, |t| t.saved_fraction = 1.01, |a| {
-        has(a, SuspectKind::NoGradMissing, Severity::Leak)
-    }),
-    ("min_peak_share", retained_until_next_step, default, |t| t.min_peak_share = 0.99, |a| {
-        has(a, SuspectKind::RetainedGraph, Severity::Peak)
-    }),
-    ("min_leak_occurrences", retained_each_step, default, |t| t.min_leak_occurrences = 100, |a| {
-        has(a, SuspectKind::RetainedGraph, Severity::Leak)
-    }),
-    ("leak_occurrence_share", clone_kept, default, |t| { t.leak_occurrence_share = 1.5 }, |a| {
-        has(a, SuspectKind::ReferenceLeak, Severity::Leak)
-    }),
-    ("min_held_graphs", eval_keeps_logits, default, |t| t.min_held_graphs = 100, |a| {
-        has(a, SuspectKind::RetainedGraph, Severity::Leak)
-    }),
-    ("min_gradients_per_step", grads_kept, default, |t| t.min_gradients_per_step = 100, |a| {
-        has(a, SuspectKind::UnreleasedGradient, Severity::Leak)
-    }),
-    ("grad_waste_share", grads_through_eval, default, |t| t.grad_waste_share = 0.99, |a| {
-        has(a, SuspectKind::UnreleasedGradient, Severity::Waste)
-    }),
-    ("fragmentation_min_split_bytes", holes, default, |t| t.fragmentation_min_split_bytes = 1 << 40, |a| {
-        has(a, SuspectKind::Fragmentation, Severity::Waste)
-    }),
-    ("fragmentation_min_split_share", holes, default, |t| t.fragmentation_min_split_share = 0.9, |a| {
-        has(a, SuspectKind::Fragmentation, Severity::Waste)
-    }),
-    ("fragmentation_max_allocated_share", holes, default, |t| t.fragmentation_max_allocated_share = 0.1, |a| {
-        has(a, SuspectKind::Fragmentation, Severity::Waste)
-    }),
-    ("state_min_same_site_blocks", state_only_cache, default, |t| t.state_min_same_site_blocks = 100, |a| {
-        has(a, SuspectKind::ReferenceLeak, Severity::Leak)
-    }),
-    ("state_only_confidence", state_only_cache, default, |t| t.state_only_confidence = 0.9, |a| {
-        a.suspects().iter().any(|s| s.kind == SuspectKind::ReferenceLeak && s.confidence <= 0.5)
-    }),
+    (
+        "small_leak_occurrences",
+        clone_kept,
+        |t| {
+            t.min_suspect_bytes = 1 << 40;
+            t.small_leak_occurrences = 5
+        },
+        |t| t.small_leak_occurrences = 100,
+        |a| has(a, SuspectKind::ReferenceLeak, Severity::Leak),
+    ),
+    (
+        "min_pass_blocks",
+        eval_keeps_logits,
+        default,
+        |t| t.min_pass_blocks = 1000,
+        |a| has(a, SuspectKind::NoGradMissing, Severity::Leak),
+    ),
+    (
+        "min_saved_blocks",
+        eval_keeps_logits,
+        default,
+        |t| t.min_saved_blocks = 1000,
+        |a| has(a, SuspectKind::NoGradMissing, Severity::Leak),
+    ),
+    (
+        "saved_fraction",
+        eval_keeps_logits,
+        default,
+        |t| t.saved_fraction = 1.01,
+        |a| has(a, SuspectKind::NoGradMissing, Severity::Leak),
+    ),
+    (
+        "min_peak_share",
+        retained_until_next_step,
+        default,
+        |t| t.min_peak_share = 0.99,
+        |a| has(a, SuspectKind::RetainedGraph, Severity::Peak),
+    ),
+    (
+        "min_leak_occurrences",
+        retained_each_step,
+        default,
+        |t| t.min_leak_occurrences = 100,
+        |a| has(a, SuspectKind::RetainedGraph, Severity::Leak),
+    ),
+    (
+        "leak_occurrence_share",
+        clone_kept,
+        default,
+        |t| t.leak_occurrence_share = 1.5,
+        |a| has(a, SuspectKind::ReferenceLeak, Severity::Leak),
+    ),
+    (
+        "min_held_graphs",
+        eval_keeps_logits,
+        default,
+        |t| t.min_held_graphs = 100,
+        |a| has(a, SuspectKind::RetainedGraph, Severity::Leak),
+    ),
+    (
+        "min_gradients_per_step",
+        grads_kept,
+        default,
+        |t| t.min_gradients_per_step = 100,
+        |a| has(a, SuspectKind::UnreleasedGradient, Severity::Leak),
+    ),
+    (
+        "grad_waste_share",
+        grads_through_eval,
+        default,
+        |t| t.grad_waste_share = 0.99,
+        |a| has(a, SuspectKind::UnreleasedGradient, Severity::Waste),
+    ),
+    (
+        "fragmentation_min_split_bytes",
+        holes,
+        default,
+        |t| t.fragmentation_min_split_bytes = 1 << 40,
+        |a| has(a, SuspectKind::Fragmentation, Severity::Waste),
+    ),
+    (
+        "fragmentation_min_split_share",
+        holes,
+        default,
+        |t| t.fragmentation_min_split_share = 0.9,
+        |a| has(a, SuspectKind::Fragmentation, Severity::Waste),
+    ),
+    (
+        "fragmentation_max_allocated_share",
+        holes,
+        default,
+        |t| t.fragmentation_max_allocated_share = 0.1,
+        |a| has(a, SuspectKind::Fragmentation, Severity::Waste),
+    ),
+    (
+        "state_min_same_site_blocks",
+        state_only_cache,
+        default,
+        |t| t.state_min_same_site_blocks = 100,
+        |a| has(a, SuspectKind::ReferenceLeak, Severity::Leak),
+    ),
+    (
+        "state_only_confidence",
+        state_only_cache,
+        default,
+        |t| t.state_only_confidence = 0.9,
+        |a| a.suspects().iter().any(|s| s.kind == SuspectKind::ReferenceLeak && s.confidence <= 0.5),
+    ),
 ];
 
 #[test]
@@ -150,7 +217,8 @@ fn each_threshold_changes_a_verdict() {
         let mut th = Thresholds::DEFAULT;
         base(&mut th);
         if !holds(&run(&snap, &th)) {
-            failures.push(format!("{name}: the verdict does not hold before the mutation:{}", describe(&run(&snap, &th))));
+            failures
+                .push(format!("{name}: the verdict does not hold before the mutation:{}", describe(&run(&snap, &th))));
             continue;
         }
         mutate(&mut th);

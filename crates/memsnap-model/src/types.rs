@@ -325,7 +325,8 @@ pub fn classify_filename(filename: &str) -> FrameKind {
     }
     // Code that torch.compile generated (`/tmp/torchinductor_<user>/…`) is not a line the user
     // wrote: the line that called the compiled function is.
-    if f.contains("site-packages") || f.contains("dist-packages") || f.starts_with('<') || f.contains("/torchinductor_") {
+    if f.contains("site-packages") || f.contains("dist-packages") || f.starts_with('<') || f.contains("/torchinductor_")
+    {
         return FrameKind::Library;
     }
     if is_stdlib_path(f) {

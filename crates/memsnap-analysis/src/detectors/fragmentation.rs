@@ -87,4 +87,3 @@ impl Detector for Fragmentation {
         }]
     }
 }
-

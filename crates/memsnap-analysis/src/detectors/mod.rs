@@ -89,8 +89,7 @@ pub struct Finding {
 
 /// Run every detector on one device, measure and render the findings, rank them.
 pub fn detect(cx: &Context) -> Vec<Suspect> {
-    let mut out: Vec<Suspect> =
-        REGISTRY.iter().flat_map(|d| d.detect(cx)).filter_map(|f| finish(cx, f)).collect();
+    let mut out: Vec<Suspect> = REGISTRY.iter().flat_map(|d| d.detect(cx)).filter_map(|f| finish(cx, f)).collect();
     out.sort_by(rank);
     out
 }
@@ -135,7 +134,8 @@ pub fn measure(cx: &Context, blocks: &[usize], boundaries: &[u32]) -> Measured {
     let mut live = live0;
     let mut max_live = live0.max(0) as u64;
     let mut at_peak = if peak_idx.is_none() { live0.max(0) as u64 } else { 0 };
-    let mut peak_without = if n == 0 { None } else { Some(d.series.start.allocated.saturating_sub(live0.max(0) as u64)) };
+    let mut peak_without =
+        if n == 0 { None } else { Some(d.series.start.allocated.saturating_sub(live0.max(0) as u64)) };
     let mut k = 0;
     let mut bounds = boundaries.iter().copied().peekable();
     let mut at_bounds: Vec<i64> = Vec::new();
@@ -347,12 +347,7 @@ pub struct BackwardGroup {
 /// Sizes of parameters: blocks alive at the end that were allocated before the trace, or before
 /// the first backward pass outside forward and optimizer (model setup). Gradients have these
 /// sizes; a backward block of another size is an activation gradient or a library workspace.
-pub fn parameter_sizes(
-    stacks: &StackTable,
-    phases: &Phases,
-    d: &DeviceReplay,
-    events: &[TraceEvent],
-) -> BTreeSet<u64> {
+pub fn parameter_sizes(stacks: &StackTable, phases: &Phases, d: &DeviceReplay, events: &[TraceEvent]) -> BTreeSet<u64> {
     let first_backward = phases.backwards.first().map_or(u32::MAX, |b| b.span.start);
     d.blocks
         .iter()

@@ -14,7 +14,7 @@ use memsnap_model::{Action, BlockState, StackId};
 
 use super::{Context, Detector, Finding};
 use crate::attribution::{attr_label, Attr, Site};
-use crate::evidence::{Evidence, Holder, OomCause, Occurrence, Severity, SuspectKind};
+use crate::evidence::{Evidence, Holder, Occurrence, OomCause, Severity, SuspectKind};
 
 pub struct Oom;
 
@@ -55,7 +55,8 @@ impl Detector for Oom {
         }
         let mut top: Vec<(Attr, u64)> = by.into_iter().collect();
         top.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-        let holders = top.iter().take(HOLDERS).map(|(a, b)| Holder { label: attr_label(cx.snap, *a), bytes: *b }).collect();
+        let holders =
+            top.iter().take(HOLDERS).map(|(a, b)| Holder { label: attr_label(cx.snap, *a), bytes: *b }).collect();
         let stack = if e.stack != StackId::EMPTY {
             e.stack
         } else {

@@ -81,7 +81,8 @@ impl Detector for ReferenceLeak {
                 UnitFate::Unconsumed if !unit.grad_on => Origin::NoGrad,
                 _ => continue,
             };
-            let last_op = cx.phases.forwards[unit.pass].last_alloc.map(|la| cx.stacks.get(cx.events[la as usize].stack));
+            let last_op =
+                cx.phases.forwards[unit.pass].last_alloc.map(|la| cx.stacks.get(cx.events[la as usize].stack));
             for ub in &lc.blocks[u] {
                 let b = &cx.replay.blocks[ub.block];
                 let stack = cx.event_stack(b);

@@ -242,4 +242,3 @@ pub fn validate(p: &mut Program, passes: usize, grad: Grad, keep_logits: bool) -
     }
     left_per_pass
 }
-
