@@ -157,7 +157,7 @@ pub fn categorize(
     attr: Attr,
 ) -> Category {
     let Some(a) = b.alloc_event else { return Category::PreTrace };
-    let freed = b.free_requested_event.or(b.free_completed_event);
+    let freed = b.freed_at();
     match attr {
         Attr::Backward(_) => {
             // Outliving its backward pass is what a gradient does; the rest is scratch.

@@ -238,6 +238,7 @@ fn analyze_device(
         }
     }
     let lifecycle = lifecycle::lifecycle(events, stacks, &phases, d, thresholds);
+    let peak_known = events.iter().any(|e| e.action == memsnap_model::Action::Alloc);
     let cx = detectors::Context {
         snap,
         stacks,
@@ -249,9 +250,10 @@ fn analyze_device(
         totals,
         end: &end,
         param_sizes: detectors::parameter_sizes(stacks, &phases, d, events),
+        traced: peak_known,
+        kept_backward: Default::default(),
     };
     let suspects = detectors::detect(&cx);
-    let peak_known = events.iter().any(|e| e.action == memsnap_model::Action::Alloc);
     if !peak_known {
         caveats.push(
             "without allocations in the trace the peak cannot be established from this file (peaks are null in JSON); suspects rest on the dump-time state only"

@@ -105,10 +105,6 @@ impl Lifecycle {
     }
 }
 
-fn free_event(b: &memsnap_replay::BlockLifetime) -> Option<u32> {
-    b.free_requested_event.or(b.free_completed_event)
-}
-
 /// Build the lifecycle of one device's forward passes.
 pub fn lifecycle(
     events: &[TraceEvent],
@@ -145,10 +141,12 @@ pub fn lifecycle(
         units[k].horizon = units.get(k + 2).map_or(n, |u| u.span.end);
         // In an evaluation window, outputs collected by the loop die when the loop returns: a
         // graph is held by something else only if it outlives the window too (up to the end of
-        // the first pass after it).
+        // the first pass after it). Windows and units are sorted by start.
         let start = units[k].pass_span.start;
-        if let Some(w) = phases.eval_windows.iter().find(|w| w.contains(start)) {
-            let after = units.iter().find(|u| u.span.start >= w.end).map_or(n, |u| u.span.end);
+        let w = phases.eval_windows.partition_point(|w| w.start <= start);
+        if let Some(w) = w.checked_sub(1).map(|w| phases.eval_windows[w]).filter(|w| w.contains(start)) {
+            let first_after = units.partition_point(|u| u.span.start < w.end);
+            let after = units.get(first_after).map_or(n, |u| u.span.end);
             units[k].horizon = units[k].horizon.max(after);
         }
     }
@@ -199,7 +197,7 @@ pub fn lifecycle(
         if !info.python || info.recompute || info.backward_launch || info.optimizer || private[bi] {
             continue;
         }
-        if free_event(b).is_none() && recurrence.get(&(stack, b.size)) == Some(&1) {
+        if b.freed_at().is_none() && recurrence.get(&(stack, b.size)) == Some(&1) {
             continue;
         }
         let here =
@@ -216,15 +214,15 @@ pub fn lifecycle(
         if !in_pass {
             continue;
         }
-        if let Some(f) = free_event(b) {
-            if let Some(bw) = backward_index(phases, f) {
+        if let Some(f) = b.freed_at() {
+            if let Some(bw) = phases.backward_index_at(f) {
                 if phases.backwards[bw].span.start > a {
                     consumer[u] = Some(consumer[u].map_or(bw, |c: usize| c.min(bw)));
                 }
             }
         }
     }
-    let alive_after = |b: &memsnap_replay::BlockLifetime, t: u32| free_event(b).is_none_or(|f| f > t);
+    let alive_after = |b: &memsnap_replay::BlockLifetime, t: u32| b.freed_at().is_none_or(|f| f > t);
 
     // Grad evidence and fates.
     for (u, unit) in units.iter_mut().enumerate() {
@@ -299,7 +297,7 @@ pub fn lifecycle(
                 .map(|&(bi, in_pass)| {
                     let b = &d.blocks[bi];
                     let end = if in_pass { unit.pass_span.end } else { unit.span.end };
-                    let fate = match free_event(b) {
+                    let fate = match b.freed_at() {
                         Some(f) if f < end => BlockFate::Temporary,
                         Some(f) if phases.backward_at(f).is_some() && f <= letgo => BlockFate::FreedByBackward,
                         Some(f) if f <= letgo => BlockFate::Released,
@@ -330,10 +328,4 @@ fn private_pool_blocks(d: &DeviceReplay) -> Vec<bool> {
             k > 0 && b.address < ranges[k - 1].1
         })
         .collect()
-}
-
-/// Index of the backward pass containing event `i`.
-fn backward_index(phases: &Phases, i: u32) -> Option<usize> {
-    let k = phases.backwards.partition_point(|b| b.span.start <= i);
-    (k > 0 && phases.backwards[k - 1].span.contains(i)).then(|| k - 1)
 }

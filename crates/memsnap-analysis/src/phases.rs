@@ -72,10 +72,15 @@ pub struct Phases {
 }
 
 impl Phases {
-    /// Index of the backward pass containing event `i`.
+    /// The backward pass containing event `i`.
     pub fn backward_at(&self, i: u32) -> Option<&Backward> {
+        self.backward_index_at(i).map(|k| &self.backwards[k])
+    }
+
+    /// Index (into [`Phases::backwards`]) of the backward pass containing event `i`.
+    pub fn backward_index_at(&self, i: u32) -> Option<usize> {
         let k = self.backwards.partition_point(|b| b.span.start <= i);
-        (k > 0).then(|| &self.backwards[k - 1]).filter(|b| b.span.contains(i))
+        (k > 0 && self.backwards[k - 1].span.contains(i)).then(|| k - 1)
     }
 
     /// The forward pass containing event `i`.

@@ -3,16 +3,7 @@
 
 mod common;
 
-#[allow(unused_imports)]
-use common::program::{chain, top, Grad, Pass, Program, ZeroGrad, CALL, MODEL, TRAIN, WRAP};
-#[allow(unused_imports)]
-use common::scenario::*;
-#[allow(unused_imports)]
-use common::{Blk, Fr, TraceBuilder, MIB};
-#[allow(unused_imports)]
-use memsnap_analysis::{find_phases, Evidence, GraphHold, Severity, StackTable, SuspectKind};
-#[allow(unused_imports)]
-use memsnap_model::Snapshot;
+use common::prelude::*;
 
 // ------------------------------------------------------------------------------------------
 // oom

@@ -88,6 +88,12 @@ pub struct BlockLifetime {
 }
 
 impl BlockLifetime {
+    /// The event that ended the block's allocated life: its free request, or its completed free
+    /// when the trace recorded only that (`None`: still allocated at the end of the trace).
+    pub fn freed_at(&self) -> Option<u32> {
+        self.free_requested_event.or(self.free_completed_event)
+    }
+
     /// The block's state after event `index` (`None`: before the first event), or `None` when
     /// it did not exist then.
     pub fn state_after(&self, index: Option<u32>) -> Option<BlockState> {

@@ -47,6 +47,10 @@ pub struct Context<'a> {
     pub end: &'a Moment,
     /// Sizes of parameters (see [`parameter_sizes`]).
     pub param_sizes: BTreeSet<u64>,
+    /// The trace records allocations (false for state-only recordings: only the dump speaks).
+    pub traced: bool,
+    /// [`Context::kept_backward_groups`], computed on first use.
+    pub kept_backward: std::sync::OnceLock<Vec<BackwardGroup>>,
 }
 
 /// A detector: reads a [`Context`], returns findings.
@@ -108,10 +112,6 @@ pub struct Measured {
     pub peak_without: Option<u64>,
 }
 
-fn free_event(b: &BlockLifetime) -> Option<u32> {
-    b.free_requested_event.or(b.free_completed_event)
-}
-
 /// Measure a set of blocks against the device's series.
 pub fn measure(cx: &Context, blocks: &[usize], boundaries: &[u32]) -> Measured {
     let d = cx.replay;
@@ -125,7 +125,7 @@ pub fn measure(cx: &Context, blocks: &[usize], boundaries: &[u32]) -> Measured {
             Some(a) => deltas.push((a, size)),
             None => live0 += size,
         }
-        if let Some(f) = free_event(b) {
+        if let Some(f) = b.freed_at() {
             deltas.push((f, -size));
         }
     }
@@ -189,8 +189,7 @@ fn finish(cx: &Context, f: Finding) -> Option<Suspect> {
     }
     let growth = if f.severity == Severity::Leak { m.growth } else { None };
     // Without allocations in the trace there is no peak to compare with.
-    let traced = cx.events.iter().any(|e| e.action == memsnap_model::Action::Alloc);
-    let peak_without = if f.blocks.is_empty() || !traced { None } else { m.peak_without };
+    let peak_without = if f.blocks.is_empty() || !cx.traced { None } else { m.peak_without };
     let stack = stack_sites(cx.snap, f.stack);
     let mut s = Suspect {
         kind: f.kind,
@@ -276,10 +275,14 @@ impl Context<'_> {
     /// Kept backward-allocated blocks, grouped by backward line, with whether they look like
     /// parameter gradients: one per parameter each step, so at least
     /// `min_gradients_per_step` blocks per step of two or more parameter sizes.
-    pub fn kept_backward_groups(&self) -> Vec<BackwardGroup> {
+    pub fn kept_backward_groups(&self) -> &[BackwardGroup] {
+        self.kept_backward.get_or_init(|| self.group_kept_backward())
+    }
+
+    fn group_kept_backward(&self) -> Vec<BackwardGroup> {
         let mut groups: Vec<BackwardGroup> = Vec::new();
         for (bi, b) in self.replay.blocks.iter().enumerate() {
-            if b.alloc_event.is_none() || free_event(b).is_some() {
+            if b.alloc_event.is_none() || b.freed_at().is_some() {
                 continue;
             }
             let Attr::Backward(line) = self.attr(b) else { continue };
@@ -351,7 +354,7 @@ pub fn parameter_sizes(stacks: &StackTable, phases: &Phases, d: &DeviceReplay, e
     let first_backward = phases.backwards.first().map_or(u32::MAX, |b| b.span.start);
     d.blocks
         .iter()
-        .filter(|b| free_event(b).is_none())
+        .filter(|b| b.freed_at().is_none())
         .filter(|b| match b.alloc_event {
             None => true,
             Some(a) => {

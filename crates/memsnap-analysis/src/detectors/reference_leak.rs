@@ -56,7 +56,7 @@ impl Detector for ReferenceLeak {
     fn detect(&self, cx: &Context) -> Vec<Finding> {
         // A state-only recording (`enabled="state"`) has no allocation in its trace, at most a
         // marker entry: only the dump can speak.
-        if !cx.events.iter().any(|e| e.action == memsnap_model::Action::Alloc) {
+        if !cx.traced {
             return state_only(cx);
         }
         let lc = cx.lifecycle;
@@ -130,7 +130,7 @@ impl Detector for ReferenceLeak {
                 Attr::NoFrames => Key::Unattributed,
                 _ => continue,
             };
-            let kept = b.free_requested_event.is_none() && b.free_completed_event.is_none();
+            let kept = b.freed_at().is_none();
             add(key, bi, it, kept, false, stack);
         }
 
@@ -193,7 +193,7 @@ impl Detector for ReferenceLeak {
 fn state_only(cx: &Context) -> Vec<Finding> {
     let mut by: BTreeMap<FrameId, (Vec<usize>, StackId, u64)> = BTreeMap::new();
     for (bi, b) in cx.replay.blocks.iter().enumerate() {
-        if b.free_requested_event.is_some() || b.free_completed_event.is_some() {
+        if b.freed_at().is_some() {
             continue;
         }
         let info = cx.stacks.get(b.stack);

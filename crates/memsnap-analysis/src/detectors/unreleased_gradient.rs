@@ -61,7 +61,7 @@ impl Detector for UnreleasedGradient {
                     backward_line: g.line.map(|f| cx.site(f)),
                     released_at: None,
                 },
-                blocks: g.blocks,
+                blocks: g.blocks.clone(),
             });
         }
         out.extend(through_evaluation(cx, &leak_lines));

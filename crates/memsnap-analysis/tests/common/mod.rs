@@ -15,6 +15,7 @@
 
 #![allow(dead_code)] // not every test uses every helper
 
+pub mod prelude;
 pub mod program;
 pub mod scenario;
 
