@@ -34,7 +34,7 @@ pub struct StackInfo {
     /// Python code the autograd engine runs during a backward pass, from its own thread: the
     /// stack bottoms out in torch's autograd machinery (`torch/autograd/function.py` `apply`,
     /// saved-tensor hooks, `torch/utils/checkpoint.py`, compiled backwards under
-    /// `torch/_functorch`) instead of the user's script. Activation checkpointing recomputes its
+    /// `torch/_functorch`) with no user frame outside it. Activation checkpointing recomputes its
     /// forward regions this way, and `torch.compile` runs its backward this way. These
     /// allocations belong to the backward pass, not to a forward pass.
     pub recompute: bool,
@@ -74,7 +74,7 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], frames: &[FrameId]) -> StackInfo {
     // Frames are innermost first.
     let mut outermost_module: Option<usize> = None;
     let mut autograd_machinery: Option<usize> = None;
-    let mut outermost_python: Option<(usize, FrameKind)> = None;
+    let mut outermost_user: Option<usize> = None;
     let mut innermost_module: Option<usize> = None;
     for (i, &f) in frames.iter().enumerate() {
         let frame = snap.frame(f);
@@ -92,6 +92,7 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], frames: &[FrameId]) -> StackInfo {
                 s.site = Some(f);
             }
             s.outer_site = Some(f);
+            outermost_user = Some(i);
         }
         if kind == FrameKind::Native {
             continue;
@@ -108,7 +109,6 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], frames: &[FrameId]) -> StackInfo {
         {
             autograd_machinery = Some(i);
         }
-        outermost_python = Some((i, kind));
         if file.contains("torch/nn/modules/")
             && matches!(name, "_apply" | "to" | "cuda" | "__init__" | "reset_parameters" | "_load_from_state_dict")
         {
@@ -132,11 +132,11 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], frames: &[FrameId]) -> StackInfo {
             s.loss = true;
         }
     }
-    // The engine's thread: the outermost Python frame is torch's, and autograd machinery is on
-    // the stack (a backward launch from the user's line has the user's script outermost).
-    s.recompute = !s.backward_launch
-        && autograd_machinery.is_some()
-        && outermost_python.is_some_and(|(_, k)| k == FrameKind::Library);
+    // The engine's thread: autograd machinery is on the stack and every user frame is inside it
+    // (what the engine called), none outside it. A backward launched, or a custom
+    // `autograd.Function` called, from the user's loop has the user's frames outside the
+    // machinery, also under `python -m` or pytest, where the outermost frame is a library's.
+    s.recompute = !s.backward_launch && autograd_machinery.is_some_and(|m| outermost_user.is_none_or(|u| u < m));
     let caller_user = |from: usize| frames[from + 1..].iter().copied().find(|f| kinds[f.0 as usize] == FrameKind::User);
     if let Some(i) = outermost_module {
         s.forward_call = caller_user(i);

@@ -134,3 +134,32 @@ fn checkpoint_recomputation_belongs_to_the_backward() {
     let a = analyze_snapshot(&snap);
     assert_no_suspects(&a);
 }
+
+/// The engine-run rule looks at where the user's frames are, not at the outermost frame: a custom
+/// `autograd.Function` called from the user's loop under `python -m` (runpy outermost, a library
+/// frame) is the user's forward, while a checkpoint recomputation has no user frame outside the
+/// autograd machinery.
+#[test]
+fn engine_run_python_is_told_by_the_user_frames_outside_autograd() {
+    const FUNCTION: &str = "/usr/lib/python3.11/site-packages/torch/autograd/function.py";
+    const RUNPY: &str = "/usr/lib/python3.11/runpy.py";
+    let mut t = TraceBuilder::new();
+    let custom = [
+        (MODEL, 33, "forward"),
+        (FUNCTION, 575, "apply"),
+        (MODEL, 22, "forward"),
+        CALL,
+        WRAP,
+        (TRAIN, 16, "main"),
+        (RUNPY, 88, "_run_code"),
+        (RUNPY, 198, "_run_module_as_main"),
+    ];
+    let recompute =
+        [(MODEL, 22, "forward"), CALL, WRAP, (CHECKPOINT, 1125, "recompute_fn"), (GRAPH, 400, "unpack_hook")];
+    let a = t.stack(&custom);
+    let b = t.stack(&recompute);
+    let snap = t.finish();
+    let table = StackTable::new(&snap);
+    assert!(!table.get(a).recompute, "a custom Function called from the user's loop is not engine-run");
+    assert!(table.get(b).recompute, "a checkpoint recomputation is engine-run");
+}
