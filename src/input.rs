@@ -1,46 +1,24 @@
-//! Reading an input path (or `-` for stdin) into bytes, decompressing gzip, zstd and xz by their
-//! magic bytes whatever the file is called.
+//! Opening an input path (or `-` for stdin) as a stream of pickle bytes, decompressing gzip,
+//! zstd and xz by their magic bytes whatever the file is called.
 //!
-//! Plain files are memory-mapped so a multi-GB snapshot is never copied; the pickle reader
-//! borrows strings from the mapping. The mapping is only read, never written.
+//! Everything is read as a stream, through the reader's fixed window: regular files, pipes,
+//! `<(…)` process substitutions, devices and `/proc` files alike, and compressed data is
+//! decompressed as it is parsed, never into memory as a whole. Nothing is memory-mapped: a
+//! mapped file that another process truncates kills the reader with SIGBUS, while a read just
+//! returns less (and the reader reports a truncated pickle).
+//!
+//! Decompression has a work budget: a stream may expand at most [`MAX_EXPANSION`] times its
+//! compressed bytes read so far (plus [`EXPANSION_ALLOWANCE`]). Real snapshots compress 18–25×
+//! with xz (every bundled fixture and both bench files); a bomb of a billion tiny opcodes in
+//! 565 KB of xz expands 3,500×.
 
 use std::fs::File;
 use std::io::{self, Read};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
-use memmap2::Mmap;
-
-/// Bytes of one input, either mapped or owned (decompressed or read from stdin).
-pub enum InputBytes {
-    Mapped(Mmap),
-    Owned(Vec<u8>),
-}
-
-impl InputBytes {
-    /// Tell the kernel that mapped pages before `offset` are no longer needed, so a multi-GB
-    /// file read front to back does not stay resident (and count in our RSS) as a whole.
-    /// Pages are re-read from the file if touched again, so borrowed data stays valid.
-    pub fn release_before(&self, offset: usize) {
-        #[cfg(unix)]
-        if let InputBytes::Mapped(m) = self {
-            let page = 4096;
-            let end = offset / page * page;
-            if end > 0 {
-                // SAFETY-relevant: DONTNEED on a read-only private file mapping only drops clean
-                // page-cache references; contents are refetched from the file on access.
-                #[allow(unsafe_code)]
-                let _ = unsafe { m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, 0, end) };
-            }
-        }
-    }
-
-    pub fn as_slice(&self) -> &[u8] {
-        match self {
-            InputBytes::Mapped(m) => m,
-            InputBytes::Owned(v) => v,
-        }
-    }
-}
+use memsnap_pickle::CountingReader;
 
 /// The compression a file uses, detected from its first bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,84 +52,140 @@ impl Compression {
     }
 }
 
-/// Upper bound on the decompressed size we accept, so a compression bomb cannot take all memory:
-/// half of physical memory (read from `/proc/meminfo`), and never more than 64 GiB. Real
-/// snapshots reach a few GB.
-pub fn max_decompressed() -> u64 {
-    const CEILING: u64 = 64 << 30;
-    let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
-        m.lines()
-            .find(|l| l.starts_with("MemTotal:"))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|kb| kb.parse::<u64>().ok())
-            .map(|kb| kb * 1024)
-    });
-    total.map_or(CEILING, |t| (t / 2).min(CEILING))
+/// Most pickle bytes one compressed byte may expand to (see the module comment): 40 times the
+/// highest ratio of any real snapshot measured, so no real file comes near it.
+pub const MAX_EXPANSION: u64 = 1000;
+/// Pickle bytes any compressed input may expand to regardless of its size.
+pub const EXPANSION_ALLOWANCE: u64 = 64 << 20;
+
+/// Bytes at the start of a file that tell the compression apart.
+const MAGIC: usize = 6;
+
+/// An input opened for reading.
+pub struct Opened {
+    /// The pickle bytes (decompressed when needed).
+    pub reader: Box<dyn Read + Send>,
+    pub compression: Compression,
+    /// Bytes of the file as stored, read so far.
+    pub stored: Arc<AtomicU64>,
+    /// Pickle bytes handed out so far.
+    pub pickle: Arc<AtomicU64>,
+    /// The size of a regular file, known before reading.
+    pub regular_len: Option<u64>,
+    /// Set when reading stopped at the pickle-byte cap given to [`open_input`].
+    pub over_cap: Arc<AtomicBool>,
 }
 
-/// Read `path` (or stdin for `-`), decompressing when needed.
-pub fn read_input(path: &Path) -> io::Result<(InputBytes, Compression)> {
-    let raw = if path.as_os_str() == "-" {
-        let mut v = Vec::new();
-        io::stdin().lock().read_to_end(&mut v)?;
-        InputBytes::Owned(v)
+impl Opened {
+    /// The pickle's size when the input is a plain regular file (its length), else 0.
+    pub fn size_hint(&self) -> u64 {
+        match (self.compression, self.regular_len) {
+            (Compression::None, Some(len)) => len,
+            _ => 0,
+        }
+    }
+
+    /// Read what follows the pickle to the end, so the sizes count the whole input (a plain
+    /// regular file's length is known without reading).
+    pub fn finish(mut self) -> io::Result<(u64, u64)> {
+        if let (Compression::None, Some(len)) = (self.compression, self.regular_len) {
+            return Ok((len, len));
+        }
+        io::copy(&mut self.reader, &mut io::sink())?;
+        Ok((self.stored.load(Ordering::Relaxed), self.pickle.load(Ordering::Relaxed)))
+    }
+}
+
+/// Open `path` (or stdin for `-`). With a `cap`, reading fails once the pickle exceeds that
+/// many bytes (and [`Opened::over_cap`] says so): `batch` admits an input whose decompressed
+/// size it only estimated, and holds it to the estimate.
+pub fn open_input(path: &Path, cap: Option<u64>) -> io::Result<Opened> {
+    let (raw, regular_len): (Box<dyn Read + Send>, Option<u64>) = if path.as_os_str() == "-" {
+        (Box::new(io::stdin()), None)
     } else {
         let file = File::open(path)?;
         let meta = file.metadata()?;
         if meta.is_dir() {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "is a directory"));
         }
-        if meta.len() == 0 {
-            InputBytes::Owned(Vec::new())
-        } else {
-            // Memory-mapping a regular file: the mapping is read-only and we accept that a
-            // concurrent truncation by another process would fault, like every mmap reader.
-            #[allow(unsafe_code)]
-            let map = unsafe { Mmap::map(&file)? };
-            #[cfg(unix)]
-            {
-                let _ = map.advise(memmap2::Advice::Sequential);
-            }
-            InputBytes::Mapped(map)
+        // Only a regular file's length means anything: pipes, devices and /proc files report
+        // 0 (or a device size) and are read to their end instead.
+        (Box::new(file), meta.is_file().then_some(meta.len()))
+    };
+    let (counted, stored) = CountingReader::new(raw);
+    let mut counted: Box<dyn Read + Send> = Box::new(counted);
+    let mut head = Vec::with_capacity(MAGIC);
+    (&mut counted).take(MAGIC as u64).read_to_end(&mut head)?;
+    let compression = Compression::detect(&head);
+    let stream = io::Cursor::new(head).chain(counted);
+    let decoded: Box<dyn Read + Send> = match compression {
+        Compression::None => Box::new(stream),
+        Compression::Gzip => Box::new(Expansion::new(flate2::read::MultiGzDecoder::new(stream), compression, &stored)),
+        Compression::Zstd => Box::new(Expansion::new(zstd::stream::read::Decoder::new(stream)?, compression, &stored)),
+        Compression::Xz => {
+            Box::new(Expansion::new(xz2::read::XzDecoder::new_multi_decoder(stream), compression, &stored))
         }
     };
-    let compression = Compression::detect(raw.as_slice());
-    if compression == Compression::None {
-        return Ok((raw, compression));
-    }
-    let data = raw.as_slice();
-    let mut reader: Box<dyn Read + '_> = match compression {
-        Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(data)),
-        Compression::Zstd => Box::new(zstd::stream::read::Decoder::new(data)?),
-        Compression::Xz => Box::new(xz2::read::XzDecoder::new_multi_decoder(data)),
-        Compression::None => unreachable!("handled above"),
+    let over_cap = Arc::new(AtomicBool::new(false));
+    let decoded: Box<dyn Read + Send> = match cap {
+        Some(cap) => Box::new(Capped { inner: decoded, left: cap, over_cap: over_cap.clone() }),
+        None => decoded,
     };
-    let fail = |e: io::Error| io::Error::new(e.kind(), format!("{} decompression failed: {e}", compression.name()));
-    // Look at the first decompressed bytes before inflating the rest: a compressed file that is
-    // not a pickle (or a compression bomb of zeros) is rejected after 64 KiB, not gigabytes.
-    let mut out = Vec::new();
-    (&mut reader).take(64 << 10).read_to_end(&mut out).map_err(fail)?;
-    if let Some(&first) = out.first() {
-        if !matches!(first, 0x80 | b'(' | b']' | b'}') {
+    let (reader, pickle) = CountingReader::new(decoded);
+    Ok(Opened { reader: Box::new(reader), compression, stored, pickle, regular_len, over_cap })
+}
+
+/// Fails a read past `left` more bytes, and records that it did.
+struct Capped<R> {
+    inner: R,
+    left: u64,
+    over_cap: Arc<AtomicBool>,
+}
+
+impl<R: Read> Read for Capped<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if n as u64 > self.left {
+            self.over_cap.store(true, Ordering::Relaxed);
+            return Err(io::Error::other("larger than its estimated size"));
+        }
+        self.left -= n as u64;
+        Ok(n)
+    }
+}
+
+/// A decompressor that fails once it has expanded more than the budget allows, and names the
+/// compression in its errors.
+struct Expansion<R> {
+    inner: R,
+    compression: Compression,
+    stored: Arc<AtomicU64>,
+    out: u64,
+}
+
+impl<R: Read> Expansion<R> {
+    fn new(inner: R, compression: Compression, stored: &Arc<AtomicU64>) -> Expansion<R> {
+        Expansion { inner, compression, stored: stored.clone(), out: 0 }
+    }
+}
+
+impl<R: Read> Read for Expansion<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let name = self.compression.name();
+        let n =
+            self.inner.read(buf).map_err(|e| io::Error::new(e.kind(), format!("{name} decompression failed: {e}")))?;
+        self.out += n as u64;
+        let stored = self.stored.load(Ordering::Relaxed);
+        if self.out > EXPANSION_ALLOWANCE.saturating_add(MAX_EXPANSION.saturating_mul(stored)) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!(
-                    "{} stream does not contain a pickle (first decompressed byte 0x{first:02x})",
-                    compression.name()
+                    "{name} stream expands to more than {} bytes from {stored} compressed bytes \
+                     (over {MAX_EXPANSION}x; real snapshots compress about 25x): refusing a decompression bomb",
+                    self.out
                 ),
             ));
         }
+        Ok(n)
     }
-    let limit = max_decompressed();
-    reader.take(limit + 1 - out.len() as u64).read_to_end(&mut out).map_err(fail)?;
-    if out.len() as u64 > limit {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!(
-                "{} stream decompresses to more than {limit} bytes (half of this machine's memory, at most 64 GiB)",
-                compression.name()
-            ),
-        ));
-    }
-    Ok((InputBytes::Owned(out), compression))
 }

@@ -1,10 +1,12 @@
-//! Loading a snapshot from a path: read (map or decompress), parse, and keep facts about the file.
+//! Loading a snapshot from a path: open (decompressing as a stream), parse, and keep facts about
+//! the file.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 
 use memsnap_model::{ReadError, ReadOptions, Snapshot};
 
-use crate::input::{read_input, Compression};
+use crate::input::{open_input, Compression};
 
 /// A snapshot with facts about the file it came from.
 pub struct Loaded {
@@ -24,20 +26,33 @@ pub enum LoadError {
     Io { path: String, source: std::io::Error },
     #[error("{path}: {source}")]
     Read { path: String, source: ReadError },
+    /// The pickle is larger than the cap it was read under (see [`load_capped`]).
+    #[error("{path}: more than {cap} pickle bytes")]
+    OverCap { path: String, cap: u64 },
 }
 
 pub fn load(path: &Path) -> Result<Loaded, LoadError> {
+    load_capped(path, None)
+}
+
+/// [`load`], failing with [`LoadError::OverCap`] once the pickle exceeds `cap` bytes.
+pub fn load_capped(path: &Path, cap: Option<u64>) -> Result<Loaded, LoadError> {
     let shown = path.display().to_string();
-    let (bytes, compression) = read_input(path).map_err(|source| LoadError::Io { path: shown.clone(), source })?;
-    let data = bytes.as_slice();
-    let file_bytes = if path.as_os_str() == "-" {
-        data.len() as u64
-    } else {
-        std::fs::metadata(path).map(|m| m.len()).unwrap_or(data.len() as u64)
+    let io_error = |source| LoadError::Io { path: shown.clone(), source };
+    let mut opened = open_input(path, cap).map_err(io_error)?;
+    let over_cap = opened.over_cap.clone();
+    let over_cap_or = |e: LoadError| match cap {
+        Some(cap) if over_cap.load(Ordering::Relaxed) => LoadError::OverCap { path: shown.clone(), cap },
+        _ => e,
     };
-    let mut release = |offset: usize| bytes.release_before(offset);
-    let opts = ReadOptions { progress: Some(&mut release), progress_every: 32 << 20, ..ReadOptions::default() };
-    let snapshot = memsnap_model::read_snapshot_with(data, opts)
-        .map_err(|source| LoadError::Read { path: shown.clone(), source })?;
-    Ok(Loaded { path: path.to_path_buf(), file_bytes, pickle_bytes: data.len() as u64, compression, snapshot })
+    let opts = ReadOptions {
+        size_hint: opened.size_hint(),
+        stored_bytes: Some(opened.stored.clone()),
+        ..ReadOptions::default()
+    };
+    let snapshot = memsnap_model::read_snapshot_from(&mut opened.reader, opts)
+        .map_err(|source| over_cap_or(LoadError::Read { path: shown.clone(), source }))?;
+    let compression = opened.compression;
+    let (file_bytes, pickle_bytes) = opened.finish().map_err(|e| over_cap_or(io_error(e)))?;
+    Ok(Loaded { path: path.to_path_buf(), file_bytes, pickle_bytes, compression, snapshot })
 }

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use crate::cmd::emit;
 use crate::cmd::summary::{file_name, lacks};
-use crate::load::{load, Loaded};
+use crate::load::Loaded;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -33,7 +33,12 @@ pub struct Analyzed {
 }
 
 pub fn analyze_file(path: &std::path::Path) -> Result<Analyzed, crate::load::LoadError> {
-    let loaded = load(path)?;
+    analyze_file_capped(path, None)
+}
+
+/// [`analyze_file`] of an input held to `cap` pickle bytes (see [`crate::load::load_capped`]).
+pub fn analyze_file_capped(path: &std::path::Path, cap: Option<u64>) -> Result<Analyzed, crate::load::LoadError> {
+    let loaded = crate::load::load_capped(path, cap)?;
     let replay = memsnap_replay::replay(&loaded.snapshot);
     let analysis = memsnap_analysis::analyze(&loaded.snapshot, &replay);
     Ok(Analyzed { loaded, replay, analysis })

@@ -18,9 +18,9 @@ use anyhow::Context;
 use memsnap_analysis::{Site, Suspect};
 use serde_json::{json, Value};
 
-use crate::cmd::analyze::{analyze_file, Analyzed};
+use crate::cmd::analyze::{analyze_file_capped, Analyzed};
 use crate::cmd::summary::lacks;
-use crate::input::{max_decompressed, Compression};
+use crate::input::{Compression, EXPANSION_ALLOWANCE, MAX_EXPANSION};
 use crate::load::LoadError;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -48,7 +48,9 @@ pub struct Args {
     #[arg(short, long, value_name = "N")]
     pub jobs: Option<usize>,
     /// Most pickle bytes (after decompression) being read at once, e.g. 8GiB [default: a third
-    /// of the available memory]. A file larger than this is read alone.
+    /// of the available memory]. A file larger than this is read alone. A compressed file is
+    /// admitted at the size its header or index states (or 32 times its size when it states
+    /// none) and held to it: one that turns out larger is stopped and read again alone.
     #[arg(long, value_name = "SIZE", value_parser = crate::size::parse)]
     pub max_inflight_bytes: Option<u64>,
     /// Suspects listed per row (the highest ranked).
@@ -99,6 +101,7 @@ pub fn load_error_text(e: &LoadError) -> String {
     match e {
         LoadError::Io { source, .. } => source.to_string(),
         LoadError::Read { source, .. } => source.to_string(),
+        LoadError::OverCap { cap, .. } => format!("more than {cap} pickle bytes"),
     }
 }
 
@@ -126,8 +129,14 @@ struct Row {
     result: Result<Figures, String>,
 }
 
-fn analyze_row(path: &Path, shown: String, top: usize) -> Row {
-    match analyze_file(path) {
+/// What a worker sends back: a row, or word that the input outgrew the size it was admitted at.
+enum Outcome {
+    Row(Row),
+    OverCap,
+}
+
+fn analyze_row(path: &Path, shown: String, top: usize, cap: Option<u64>) -> Outcome {
+    Outcome::Row(match analyze_file_capped(path, cap) {
         Ok(a) => {
             let suspects = a.analysis.suspects();
             let mut caveats = lacks(&a.loaded.snapshot);
@@ -145,11 +154,12 @@ fn analyze_row(path: &Path, shown: String, top: usize) -> Row {
             };
             Row { path: shown, file_bytes: Some(a.loaded.file_bytes), result: Ok(figures) }
         }
+        Err(LoadError::OverCap { .. }) => return Outcome::OverCap,
         Err(e) => {
             let file_bytes = if path.as_os_str() == "-" { None } else { std::fs::metadata(path).ok().map(|m| m.len()) };
             Row { path: shown, file_bytes, result: Err(load_error_text(&e)) }
         }
-    }
+    })
 }
 
 impl Figures {
@@ -421,21 +431,37 @@ impl Discovery {
     }
 }
 
-/// Estimated pickle bytes of a file: its size, or for a compressed file the size it
-/// decompresses to as its own header or index says (gzip ISIZE, zstd frame content size, xz
-/// index), else 32 times its size. Never above what the reader would accept.
-fn estimate_pickle_bytes(path: &Path) -> u64 {
-    let Ok(mut f) = File::open(path) else { return 0 };
-    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+/// Pickle bytes a file is admitted at, and whether that is only an estimate (which the reader
+/// then holds the file to).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Estimate {
+    pickle_bytes: u64,
+    exact: bool,
+}
+
+/// A plain regular file's size is exact. For a compressed file, the size it decompresses to as
+/// its own header or index says (gzip ISIZE, zstd frame content size, xz index) — a claim the
+/// file could get wrong — else 32 times its size (real snapshots compress about 25 times).
+/// Never above what the reader would accept from it. Anything else (stdin, a pipe) is
+/// admitted at the whole budget: it is read alone.
+fn estimate_pickle_bytes(path: &Path) -> Option<Estimate> {
+    let mut f = File::open(path).ok()?;
+    let meta = f.metadata().ok()?;
+    if !meta.is_file() {
+        return None;
+    }
+    let len = meta.len();
     let mut head = [0u8; 18];
     let n = read_up_to(&mut f, &mut head);
-    let estimate = match Compression::detect(&head[..n]) {
-        Compression::None => Some(len),
+    let claimed = match Compression::detect(&head[..n]) {
+        Compression::None => return Some(Estimate { pickle_bytes: len, exact: true }),
         Compression::Gzip => tail_u32(&mut f, len).map(|isize| u64::from(isize).max(len)),
         Compression::Zstd => zstd::zstd_safe::get_frame_content_size(&head[..n]).ok().flatten(),
         Compression::Xz => xz_uncompressed_size(&mut f, len),
     };
-    estimate.unwrap_or(len.saturating_mul(32)).min(max_decompressed())
+    let most = EXPANSION_ALLOWANCE.saturating_add(len.saturating_mul(MAX_EXPANSION));
+    let pickle_bytes = claimed.unwrap_or(len.saturating_mul(32)).min(most);
+    Some(Estimate { pickle_bytes, exact: false })
 }
 
 fn read_up_to(f: &mut File, buf: &mut [u8]) -> usize {
@@ -594,51 +620,61 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     // Admission runs on this thread, outside the pool, and workers never wait: a worker blocked
     // on the budget could otherwise be handed another file's task by rayon's work stealing while
     // it holds the budget itself, and deadlock.
-    let (tx, rx) = mpsc::channel::<(usize, Row, u64)>();
+    let (tx, rx) = mpsc::channel::<(usize, Outcome, u64)>();
     let (mut next, mut running, mut in_flight) = (0usize, 0usize, 0u64);
-    let mut next_cost: Option<u64> = None;
+    let mut next_cost: Option<Option<Estimate>> = None;
+    // Inputs that outgrew their estimate, to be read again alone and without a cap.
+    let mut again: Vec<usize> = Vec::new();
+    let spawn = |index: usize, path: PathBuf, shown: String, cap: Option<u64>, cost: u64| {
+        let (tx, top) = (tx.clone(), args.top);
+        pool.spawn(move || {
+            let outcome =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| analyze_row(&path, shown.clone(), top, cap)))
+                    .unwrap_or_else(|panic| {
+                        let what = panic
+                            .downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| panic.downcast_ref::<String>().cloned())
+                            .unwrap_or_default();
+                        Outcome::Row(Row {
+                            path: shown,
+                            file_bytes: None,
+                            result: Err(format!("internal error (a bug in memsnap): {what}")),
+                        })
+                    });
+            let _ = tx.send((index, outcome, cost));
+        });
+    };
     let mut done: BTreeMap<usize, Row> = BTreeMap::new();
     let (mut written, mut errors) = (0usize, 0usize);
     loop {
-        while next < inputs.len() {
+        if running == 0 {
+            if let Some(index) = again.pop() {
+                if let Input::File { shown, path } = &inputs[index] {
+                    running += 1;
+                    in_flight = budget;
+                    spawn(index, path.clone(), shown.clone(), None, budget);
+                }
+            }
+        }
+        while next < inputs.len() && again.is_empty() {
             match &inputs[next] {
                 Input::Error { shown, message } => {
                     done.insert(next, Row { path: shown.clone(), file_bytes: None, result: Err(message.clone()) });
                     progress.inc(1);
                 }
                 Input::File { shown, path } => {
-                    let cost = *next_cost.get_or_insert_with(|| {
-                        if path.as_os_str() == "-" {
-                            0
-                        } else {
-                            estimate_pickle_bytes(path)
-                        }
-                    });
+                    let estimate = *next_cost.get_or_insert_with(|| estimate_pickle_bytes(path));
+                    // Unknown sizes (stdin, pipes) take the whole budget: they are read alone.
+                    let cost = estimate.map_or(budget, |e| e.pickle_bytes);
                     if running > 0 && (running >= jobs || in_flight.saturating_add(cost) > budget) {
                         break;
                     }
                     next_cost = None;
                     running += 1;
                     in_flight = in_flight.saturating_add(cost);
-                    let (tx, index, path, shown, top) = (tx.clone(), next, path.clone(), shown.clone(), args.top);
-                    pool.spawn(move || {
-                        let row = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            analyze_row(&path, shown.clone(), top)
-                        }))
-                        .unwrap_or_else(|panic| {
-                            let what = panic
-                                .downcast_ref::<&str>()
-                                .map(|s| s.to_string())
-                                .or_else(|| panic.downcast_ref::<String>().cloned())
-                                .unwrap_or_default();
-                            Row {
-                                path: shown,
-                                file_bytes: None,
-                                result: Err(format!("internal error (a bug in memsnap): {what}")),
-                            }
-                        });
-                        let _ = tx.send((index, row, cost));
-                    });
+                    let cap = estimate.filter(|e| !e.exact).map(|e| e.pickle_bytes);
+                    spawn(next, path.clone(), shown.clone(), cap, cost);
                 }
             }
             next += 1;
@@ -656,9 +692,16 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         if running == 0 {
             break;
         }
-        let (index, row, cost) = rx.recv().context("a batch worker stopped")?;
+        let (index, outcome, cost) = rx.recv().context("a batch worker stopped")?;
         running -= 1;
         in_flight -= cost;
+        let row = match outcome {
+            Outcome::Row(row) => row,
+            Outcome::OverCap => {
+                again.push(index);
+                continue;
+            }
+        };
         progress.set_message(row.path.clone());
         progress.inc(1);
         done.insert(index, row);
@@ -702,15 +745,18 @@ mod tests {
     fn estimates_read_the_decompressed_size_from_headers() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/variants");
         let plain = std::fs::metadata(dir.join("s12_p4.pickle")).unwrap().len();
-        for name in ["s12_p4.pickle", "s12_p4.pickle.gz", "s12_p4.pickle.xz"] {
-            assert_eq!(estimate_pickle_bytes(&dir.join(name)), plain, "{name}");
+        let est = |name: &str| estimate_pickle_bytes(&dir.join(name));
+        assert_eq!(est("s12_p4.pickle"), Some(Estimate { pickle_bytes: plain, exact: true }));
+        for name in ["s12_p4.pickle.gz", "s12_p4.pickle.xz"] {
+            assert_eq!(est(name), Some(Estimate { pickle_bytes: plain, exact: false }), "{name}");
         }
         // This zstd stream was written without a content size: the estimate falls back to 32
-        // times the file, which errs on the side of memory.
+        // times the file, and the reader holds the file to it.
         for name in ["s12_p4.pickle.zst", "s12_p4_zstd_misnamed.pickle"] {
             let len = std::fs::metadata(dir.join(name)).unwrap().len();
-            assert_eq!(estimate_pickle_bytes(&dir.join(name)), len * 32, "{name}");
+            assert_eq!(est(name), Some(Estimate { pickle_bytes: len * 32, exact: false }), "{name}");
         }
-        assert_eq!(estimate_pickle_bytes(&dir.join("no such file")), 0);
+        assert_eq!(est("no such file"), None);
+        assert_eq!(estimate_pickle_bytes(Path::new("/dev/null")), None, "not a regular file");
     }
 }

@@ -15,4 +15,4 @@ mod stats;
 
 pub use stats::{DeviceTotals, PoolCounts, TraceFacts, ALL_ACTIONS};
 
-pub use read::{read_snapshot, read_snapshot_with, ReadError, ReadOptions};
+pub use read::{read_snapshot, read_snapshot_from, read_snapshot_with, ReadError, ReadOptions};

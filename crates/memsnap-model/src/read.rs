@@ -8,7 +8,13 @@ use std::collections::BTreeMap;
 use rustc_hash::FxHashMap as HashMap;
 use std::fmt;
 
-use memsnap_pickle::{Compactor, Heap, Limits, ListStore, Parsed, PickleError, Progress, Value};
+use std::io::{self, Read};
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use memsnap_pickle::{
+    Compactor, Heap, Limits, ListStore, Parsed, PickleError, Progress, ReadSource, SliceSource, Source, Value,
+};
 
 use crate::types::*;
 
@@ -27,17 +33,31 @@ fn shape(path: impl fmt::Display, message: impl Into<String>) -> ReadError {
     ReadError::Shape { path: path.to_string(), message: message.into() }
 }
 
-/// Options for [`read_snapshot_with`].
+/// Options for [`read_snapshot_with`] and [`read_snapshot_from`].
 pub struct ReadOptions<'p> {
     pub limits: Limits,
     /// Called with the byte offset reached, about every `progress_every` bytes.
     pub progress: Option<&'p mut dyn FnMut(usize)>,
     pub progress_every: usize,
+    /// The pickle's size when something other than the pickle says it (a regular file's
+    /// length), else 0. It only reserves room ahead (address space, which a hint too large for
+    /// this machine gives up); nothing depends on it being right.
+    pub size_hint: u64,
+    /// Bytes of the input as stored (compressed), counted while it is read (see
+    /// [`memsnap_pickle::CountingReader`]); the object budget is measured against it. `None`
+    /// when the input is the pickle itself.
+    pub stored_bytes: Option<Arc<AtomicU64>>,
 }
 
 impl Default for ReadOptions<'_> {
     fn default() -> Self {
-        ReadOptions { limits: Limits::default(), progress: None, progress_every: 64 << 20 }
+        ReadOptions {
+            limits: Limits::default(),
+            progress: None,
+            progress_every: 64 << 20,
+            size_hint: 0,
+            stored_bytes: None,
+        }
     }
 }
 
@@ -46,33 +66,87 @@ pub fn read_snapshot(data: &[u8]) -> Result<Snapshot, ReadError> {
     read_snapshot_with(data, ReadOptions::default())
 }
 
-pub fn read_snapshot_with(data: &[u8], opts: ReadOptions<'_>) -> Result<Snapshot, ReadError> {
-    if data.is_empty() {
+/// Read a snapshot from pickle bytes in memory (strings are borrowed while reading).
+pub fn read_snapshot_with(data: &[u8], mut opts: ReadOptions<'_>) -> Result<Snapshot, ReadError> {
+    judge_head(data, data.len() < HEAD)?;
+    opts.size_hint = data.len() as u64;
+    read_source(SliceSource::new(data), opts)
+}
+
+/// Read a snapshot from a reader (a file, a pipe, a decompressor), through a fixed window:
+/// memory follows what the snapshot holds, not the size of the input.
+pub fn read_snapshot_from<R: Read>(mut reader: R, opts: ReadOptions<'_>) -> Result<Snapshot, ReadError> {
+    let mut head = [0u8; HEAD];
+    let mut got = 0;
+    while got < HEAD {
+        match reader.read(&mut head[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                return Err(ReadError::Pickle(PickleError {
+                    offset: got,
+                    opcode: None,
+                    kind: memsnap_pickle::ErrorKind::Input(e.to_string()),
+                }))
+            }
+        }
+    }
+    judge_head(&head[..got], got < HEAD)?;
+    let stream = io::Cursor::new(head).take(got as u64).chain(reader);
+    let mut source = match opts.stored_bytes.clone() {
+        Some(stored) => ReadSource::with_stored_count(stream, stored),
+        None => ReadSource::new(stream),
+    };
+    if opts.size_hint > 0 {
+        source = source.with_len_hint(opts.size_hint);
+    }
+    read_source(source, opts)
+}
+
+/// Bytes looked at before parsing, to tell other formats from a pickle.
+const HEAD: usize = 8;
+
+/// Refuse what is plainly not a pickle from its first bytes, saying what it looks like.
+/// Anything that starts with an opcode goes to the VM, which names the opcode where it fails.
+fn judge_head(head: &[u8], whole: bool) -> Result<(), ReadError> {
+    let Some(&first) = head.first() else {
         return Err(shape("input", "empty file (0 bytes): not a snapshot"));
+    };
+    if head.starts_with(b"PK\x03\x04") {
+        return Err(shape("byte 0", "not a pickle: a zip archive (torch.save output, not a memory snapshot)"));
     }
-    if data[0] != 0x80 && !data.starts_with(b"(") && !data.starts_with(b"]") && !data.starts_with(b"}") {
-        let hint = if data[0] == b'{' || data[0] == b'[' {
-            " (looks like JSON)"
-        } else if data.starts_with(b"PK\x03\x04") {
-            " (a zip archive: torch.save output, not a memory snapshot)"
-        } else {
-            ""
-        };
-        return Err(shape(
-            "byte 0",
-            format!("not a pickle: first byte 0x{:02x} is not PROTO or a protocol-0 container{hint}", data[0]),
-        ));
-    }
+    let hint = if first == b'{' || first == b'[' {
+        " (looks like JSON)"
+    } else if is_opcode(first) {
+        return Ok(());
+    } else if first == 0 && whole && head.iter().all(|&b| b == 0) {
+        " (only zero bytes)"
+    } else if first == 0 && head.iter().all(|&b| b == 0) {
+        " (starts with zero bytes)"
+    } else {
+        ""
+    };
+    Err(shape("byte 0", format!("not a pickle: first byte 0x{first:02x} is no pickle opcode{hint}")))
+}
+
+/// Whether `b` is an opcode of some pickle protocol (protocol 0 and 1 pickles start with any).
+fn is_opcode(b: u8) -> bool {
+    memsnap_pickle::opcode_name(b) != "unknown"
+}
+
+fn read_source<'a, S: Source<'a>>(source: S, opts: ReadOptions<'_>) -> Result<Snapshot, ReadError> {
+    let mut b = Builder::default();
     // Reserve address space for the records from the input size (a trace entry takes at least
     // ~36 pickle bytes); untouched capacity costs no memory and the vector never moves.
-    let mut b = Builder { events: Vec::with_capacity(data.len() / 36), ..Builder::default() };
+    let _ = b.events.try_reserve((opts.size_hint / 36).min(usize::MAX as u64) as usize);
     // String 0 is always "" (see `StrId::EMPTY`).
     b.intern("");
     b.na_id = Some(StrId(b.intern("N/A")));
-    let ReadOptions { limits, progress, progress_every } = opts;
+    let ReadOptions { limits, progress, progress_every, size_hint, .. } = opts;
     let parsed = {
         let progress = progress.map(|callback| Progress { every: progress_every, callback });
-        memsnap_pickle::parse(data, &mut b, &limits, progress)?
+        memsnap_pickle::parse_source(source, size_hint, &mut b, &limits, progress)?
     };
     b.finish(parsed)
 }
@@ -150,6 +224,9 @@ struct Builder {
     unknown_actions: BTreeMap<String, u64>,
     has_cpp_frames: bool,
     events_with_frames: u64,
+    /// Bytes held by interned strings and stacks (twice: the vector and the lookup map), for
+    /// the object budget.
+    interned_bytes: u64,
 }
 
 /// Why a value did not fit: (key, expected, found).
@@ -211,6 +288,7 @@ impl Builder {
             return id;
         }
         let id = self.strings.len() as u32;
+        self.interned_bytes += 2 * (s.len() as u64 + 24);
         self.strings.push(s.to_string());
         self.string_ids.insert(s.to_string(), id);
         id
@@ -378,6 +456,7 @@ impl Builder {
             return StackId(id);
         }
         let id = self.stacks.len() as u32;
+        self.interned_bytes += 2 * (frames.len() as u64 * 4 + 24);
         self.stacks.push(Stack { frames: frames.clone() });
         self.stack_ids.insert(frames, id);
         StackId(id)
@@ -522,6 +601,14 @@ impl Compactor for Builder {
             }
         }
         Some(self.commit_event(heap, ev, &unknown))
+    }
+
+    fn retained_bytes(&self) -> u64 {
+        let per_frame = (std::mem::size_of::<Frame>() * 2 + 8) as u64;
+        self.events.len() as u64 * std::mem::size_of::<TraceEvent>() as u64
+            + self.frames.len() as u64 * per_frame
+            + self.interned_bytes
+            + (self.stack_cache.len() + self.tuple_stack_cache.len() + self.frame_cache.len()) as u64 * 8
     }
 }
 

@@ -32,6 +32,16 @@ pub enum ErrorKind {
     /// An append to a list that a compactor had already absorbed into a record.
     FrozenList,
     LimitExceeded(&'static str),
+    /// The input could not be read (an I/O error, a corrupt compressed stream, a decompression
+    /// budget); the text says which.
+    Input(String),
+    /// The objects built take more memory than the input's size allows (see `ObjectBudget`).
+    ObjectBudget {
+        built: u64,
+        allowed: u64,
+        pickle: u64,
+        stored: u64,
+    },
 }
 
 /// A pickle that cannot be read. `offset` is the byte offset of the opcode.
@@ -66,6 +76,13 @@ impl fmt::Display for ErrorKind {
             ErrorKind::FrozenList => write!(f, "append to a frames list after a trace entry used it (not a snapshot)"),
             ErrorKind::TooDeep(n) => write!(f, "nesting deeper than {n} levels"),
             ErrorKind::LimitExceeded(what) => write!(f, "too many {what}"),
+            ErrorKind::Input(what) => write!(f, "{what}"),
+            ErrorKind::ObjectBudget { built, allowed, pickle, stored } => write!(
+                f,
+                "the objects built from {pickle} pickle bytes ({stored} bytes as stored) take about {built} bytes, \
+                 more than the {allowed} a real snapshot of this size could need: refusing an object or \
+                 decompression bomb"
+            ),
         }
     }
 }

@@ -13,12 +13,14 @@
 //! ([`Limits`]), and memo references share, they never copy.
 
 mod error;
+mod source;
 mod value;
 mod vm;
 
 pub use error::{opcode_name, ErrorKind, PickleError};
+pub use source::{CountingReader, Fault, ReadSource, SliceSource, Source, WINDOW};
 pub use value::{Heap, ListStore, Value};
-pub use vm::{parse, Compactor, Limits, NoCompaction, Parsed, Progress, Stats};
+pub use vm::{parse, parse_source, Compactor, Limits, NoCompaction, ObjectBudget, Parsed, Progress, Stats};
 
 /// Read a pickle without compaction and default limits.
 pub fn parse_simple(data: &[u8]) -> Result<Parsed<'_>, PickleError> {

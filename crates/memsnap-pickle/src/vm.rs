@@ -8,6 +8,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 
 use crate::error::{opcode_name, ErrorKind, PickleError};
+use crate::source::{Fault, SliceSource, Source};
 use crate::value::{Heap, ListStore, Value, DICT_SHARED, DICT_UNMEMOIZED};
 
 /// Converts dicts into compact records while the pickle is read, so that a list of millions of
@@ -23,6 +24,12 @@ use crate::value::{Heap, ListStore, Value, DICT_SHARED, DICT_UNMEMOIZED};
 /// a fresh `frames` list per event, so this is what keeps millions of them from costing memory.
 pub trait Compactor {
     fn compact(&mut self, heap: &Heap<'_>, dict: u32, freeze: &mut Vec<(u32, u32)>) -> Option<u32>;
+
+    /// Approximate bytes the compactor holds for the records it made; counted in the object
+    /// budget with the heap.
+    fn retained_bytes(&self) -> u64 {
+        0
+    }
 }
 
 /// A compactor that never compacts.
@@ -41,11 +48,47 @@ pub struct Limits {
     pub max_marks: usize,
     /// Maximum memo index accepted for sparse `PUT`s beyond the dense memo.
     pub max_sparse_memo: usize,
+    /// How much memory the objects a pickle builds may take, for its size.
+    pub object_budget: ObjectBudget,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_marks: 10_000, max_sparse_memo: 1 << 24 }
+        Limits { max_marks: 10_000, max_sparse_memo: 1 << 24, object_budget: ObjectBudget::DEFAULT }
+    }
+}
+
+/// The memory the objects built while reading may take (heap, stack, memo and the compactor's
+/// records, approximately counted), as a function of the input read so far:
+/// `allowance + min(per_pickle_byte × pickle bytes, per_stored_byte × stored bytes)`.
+///
+/// Why it holds for every real snapshot: each object costs at least one opcode byte, and a
+/// snapshot's bytes are mostly keys, addresses and sizes that become fixed-size fields, so a
+/// real file builds about one to three bytes of objects per pickle byte (measured on every
+/// bundled fixture and the 1.07 GB bench file: `tests/hostile_cli.rs` checks the fixtures stay
+/// under a quarter of the budget) and about 60 per byte of xz (real snapshots compress 18–25×).
+/// A bomb builds far more: one `EMPTY_DICT` byte is a 24-byte dict, and a few KB of xz expand
+/// to millions of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ObjectBudget {
+    /// Bytes any input may build, however small (a small real snapshot needs a few MB).
+    pub allowance: u64,
+    /// Bytes of objects per byte of pickle read.
+    pub per_pickle_byte: u64,
+    /// Bytes of objects per byte of the input as stored (compressed) read.
+    pub per_stored_byte: u64,
+}
+
+impl ObjectBudget {
+    pub const DEFAULT: ObjectBudget = ObjectBudget { allowance: 64 << 20, per_pickle_byte: 16, per_stored_byte: 256 };
+    /// No limit (for callers that bound their input otherwise).
+    pub const UNLIMITED: ObjectBudget = ObjectBudget { allowance: u64::MAX, per_pickle_byte: 0, per_stored_byte: 0 };
+
+    /// Bytes allowed after `pickle` bytes of pickle from `stored` bytes of input.
+    pub fn allowed(&self, pickle: u64, stored: u64) -> u64 {
+        let by_pickle = self.per_pickle_byte.saturating_mul(pickle);
+        let by_stored = self.per_stored_byte.saturating_mul(stored);
+        self.allowance.saturating_add(by_pickle.min(by_stored))
     }
 }
 
@@ -61,8 +104,11 @@ pub struct Stats {
     /// `SETITEMS`/`APPENDS` with nothing to add (the C++ pickler writes empty containers as
     /// `EMPTY_DICT MARK SETITEMS`; Python's pickler never does).
     pub empty_batches: u64,
-    /// Bytes after `STOP` that were ignored.
-    pub trailing_bytes: usize,
+    /// Bytes after `STOP` that were ignored (for a reader: those already in its window; the rest
+    /// is not read).
+    pub trailing_bytes: u64,
+    /// Largest approximate size of the objects built, as counted for [`ObjectBudget`].
+    pub peak_built_bytes: u64,
 }
 
 /// The result of reading a pickle.
@@ -74,7 +120,7 @@ pub struct Parsed<'a> {
 }
 
 /// Called with the current byte offset about every `progress_every` bytes (to report progress,
-/// or to let a memory-mapped input drop pages already read).
+/// or anything else that follows the reading position).
 pub struct Progress<'p> {
     pub every: usize,
     pub callback: &'p mut dyn FnMut(usize),
@@ -87,32 +133,47 @@ pub fn parse<'a>(
     limits: &Limits,
     progress: Option<Progress<'_>>,
 ) -> Result<Parsed<'a>, PickleError> {
+    // Capacity reserved from the input size is address space, not memory: pages are only
+    // touched as the memo fills, and the vector never has to be copied while it grows.
+    parse_source(SliceSource::new(data), data.len() as u64, compactor, limits, progress)
+}
+
+/// Read one pickle from `source`. `size_hint` is the pickle's size when it is known from
+/// something other than the pickle itself (a regular file's length), else 0: it only sizes
+/// the memo's first allocation.
+pub fn parse_source<'a, S: Source<'a>>(
+    source: S,
+    size_hint: u64,
+    compactor: &mut dyn Compactor,
+    limits: &Limits,
+    progress: Option<Progress<'_>>,
+) -> Result<Parsed<'a>, PickleError> {
+    let mut memo = Vec::new();
+    // A hint too large for this machine's address space only loses the head start.
+    let _ = memo.try_reserve((size_hint / 16).min(usize::MAX as u64) as usize);
     let vm = Vm {
-        data,
-        pos: 0,
+        src: source,
         op_start: 0,
         op: 0,
         heap: Heap::default(),
         stack: Vec::with_capacity(1024),
         marks: Vec::new(),
-        // Capacity reserved from the input size is address space, not memory: pages are only
-        // touched as the memo fills, and the vector never has to be copied while it grows.
-        memo: Vec::with_capacity(data.len() / 16),
+        memo,
         sparse_memo: HashMap::new(),
         memo_scalars: Vec::new(),
         short_strs: vec![(u32::MAX, 0); SHORT_STR_SLOTS],
         freeze: Vec::new(),
         memo_count: 0,
+        built: 0,
         stats: Stats::default(),
         limits,
     };
     vm.run(compactor, progress)
 }
 
-struct Vm<'a, 'l> {
-    data: &'a [u8],
-    pos: usize,
-    op_start: usize,
+struct Vm<'a, 'l, S> {
+    src: S,
+    op_start: u64,
     op: u8,
     heap: Heap<'a>,
     stack: Vec<Value>,
@@ -129,66 +190,53 @@ struct Vm<'a, 'l> {
     freeze: Vec<(u32, u32)>,
     /// Number of distinct memo entries (what `MEMOIZE` uses as the next index).
     memo_count: u64,
+    /// Approximate bytes of the objects built so far (see [`Limits::object_budget`]): string
+    /// and bytes contents, container slots and the per-object overhead.
+    built: u64,
     stats: Stats,
     limits: &'l Limits,
 }
 
-impl<'a> Vm<'a, '_> {
+impl<'a, S: Source<'a>> Vm<'a, '_, S> {
     fn err(&self, kind: ErrorKind) -> PickleError {
-        PickleError { offset: self.op_start, opcode: Some(self.op), kind }
+        PickleError { offset: self.op_start as usize, opcode: Some(self.op), kind }
     }
 
     #[inline]
-    fn take(&mut self, n: usize) -> Result<&'a [u8], PickleError> {
-        let data: &'a [u8] = self.data;
-        if n > data.len() - self.pos {
-            return Err(self.err(ErrorKind::Truncated { needed: n as u64, available: (data.len() - self.pos) as u64 }));
-        }
-        let s = &data[self.pos..self.pos + n];
-        self.pos += n;
-        Ok(s)
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], PickleError> {
+        let (at, op) = (self.op_start, self.op);
+        self.src.array::<N>().map_err(|f| fault(at, op, f, N as u64))
     }
 
-    /// Length prefixes are checked against the bytes that remain before anything is allocated.
-    fn take_len(&mut self, n: u64) -> Result<&'a [u8], PickleError> {
-        let avail = (self.data.len() - self.pos) as u64;
-        if n > avail {
-            return Err(self.err(ErrorKind::Truncated { needed: n, available: avail }));
-        }
-        self.take(n as usize)
+    /// Bytes of a length read from the pickle: nothing is allocated from the length itself,
+    /// only from the bytes that really follow.
+    fn bytes(&mut self, n: u64) -> Result<Cow<'a, [u8]>, PickleError> {
+        let (at, op) = (self.op_start, self.op);
+        self.src.bytes(n).map_err(|f| fault(at, op, f, n))
     }
 
     #[inline]
     fn u8(&mut self) -> Result<u8, PickleError> {
-        Ok(self.take(1)?[0])
+        Ok(self.array::<1>()?[0])
     }
     #[inline]
     fn u16(&mut self) -> Result<u16, PickleError> {
-        let b = self.take(2)?;
-        Ok(u16::from_le_bytes([b[0], b[1]]))
+        Ok(u16::from_le_bytes(self.array()?))
     }
     #[inline]
     fn u32(&mut self) -> Result<u32, PickleError> {
-        let b = self.take(4)?;
-        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        Ok(u32::from_le_bytes(self.array()?))
     }
     fn u64(&mut self) -> Result<u64, PickleError> {
-        let b = self.take(8)?;
-        let mut a = [0u8; 8];
-        a.copy_from_slice(b);
-        Ok(u64::from_le_bytes(a))
+        Ok(u64::from_le_bytes(self.array()?))
     }
 
-    fn line(&mut self) -> Result<&'a [u8], PickleError> {
-        let rest = &self.data[self.pos..];
-        match rest.iter().position(|&b| b == b'\n') {
-            Some(n) => {
-                let l = &rest[..n];
-                self.pos += n + 1;
-                Ok(l)
-            }
-            None => Err(self.err(ErrorKind::Truncated { needed: rest.len() as u64 + 1, available: rest.len() as u64 })),
-        }
+    fn line(&mut self) -> Result<Cow<'a, [u8]>, PickleError> {
+        let (at, op) = (self.op_start, self.op);
+        self.src.line().map_err(|f| match f {
+            Fault::Short { available } => fault(at, op, f, available + 1),
+            f => fault(at, op, f, 0),
+        })
     }
 
     #[inline]
@@ -212,73 +260,99 @@ impl<'a> Vm<'a, '_> {
         self.marks.pop().ok_or_else(|| self.err(ErrorKind::NoMark))
     }
 
-    fn push_str_bytes(&mut self, b: &'a [u8]) {
-        if b.len() <= SHORT_STR_MAX {
+    /// A string of `n` bytes from the input. Short strings are looked up in the cache first
+    /// (without copying them out of the input); the rest are borrowed from a slice source or
+    /// copied from a reader's window.
+    fn push_str(&mut self, n: u64) -> Result<(), PickleError> {
+        let (at, op) = (self.op_start, self.op);
+        if n <= SHORT_STR_MAX as u64 {
+            let b = self.src.short(n as usize).map_err(|f| fault(at, op, f, n))?;
             let slot = short_hash(b) & (SHORT_STR_SLOTS - 1);
             let (id, _) = self.short_strs[slot];
             if id != u32::MAX && self.heap.strs[id as usize].as_bytes() == b {
                 self.stack.push(Value::Str(id));
-                return;
+                return Ok(());
             }
-            let id = self.heap.strs.len() as u32;
-            self.short_strs[slot] = (id, 0);
+            self.short_strs[slot] = (self.heap.strs.len() as u32, 0);
+            self.src.unread(n as usize);
         }
-        let s = match std::str::from_utf8(b) {
-            Ok(s) => Cow::Borrowed(s),
-            Err(_) => Cow::Owned(String::from_utf8_lossy(b).into_owned()),
+        let s = match self.bytes(n)? {
+            Cow::Borrowed(b) => match std::str::from_utf8(b) {
+                Ok(s) => Cow::Borrowed(s),
+                Err(_) => Cow::Owned(String::from_utf8_lossy(b).into_owned()),
+            },
+            Cow::Owned(v) => {
+                Cow::Owned(String::from_utf8(v).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
+            }
         };
+        self.built += n + OBJECT_OVERHEAD;
         self.heap.strs.push(s);
         self.stack.push(Value::Str((self.heap.strs.len() - 1) as u32));
+        Ok(())
     }
 
     fn push_owned_str(&mut self, s: String) {
+        self.built += s.len() as u64 + OBJECT_OVERHEAD;
         self.heap.strs.push(Cow::Owned(s));
         self.stack.push(Value::Str((self.heap.strs.len() - 1) as u32));
     }
 
-    fn push_bytes(&mut self, b: &'a [u8]) {
-        self.heap.bytes.push(Cow::Borrowed(b));
+    fn push_bytes(&mut self, n: u64) -> Result<(), PickleError> {
+        let b = self.bytes(n)?;
+        self.built += n + OBJECT_OVERHEAD;
+        self.heap.bytes.push(b);
         self.stack.push(Value::Bytes((self.heap.bytes.len() - 1) as u32));
+        Ok(())
     }
 
     fn push_int(&mut self, v: i128) {
         if let Ok(i) = i64::try_from(v) {
             self.stack.push(Value::Int(i));
         } else {
+            self.built += SLOT;
             self.heap.bigints.push(v);
             self.stack.push(Value::BigInt((self.heap.bigints.len() - 1) as u32));
         }
     }
 
-    /// Little-endian two's-complement integer of `b.len()` bytes (LONG1/LONG4).
-    fn push_long_bytes(&mut self, b: &[u8]) -> Result<(), PickleError> {
-        if b.is_empty() {
-            self.stack.push(Value::Int(0));
-            return Ok(());
+    /// LONG1/LONG4 of `n` bytes.
+    fn push_long(&mut self, n: u64) -> Result<(), PickleError> {
+        let (at, op) = (self.op_start, self.op);
+        let v = if n <= 255 {
+            long_value(self.src.short(n as usize).map_err(|f| fault(at, op, f, n))?)
+        } else {
+            long_value(&self.bytes(n)?)
+        };
+        match v {
+            Some(v) => {
+                self.push_int(v);
+                Ok(())
+            }
+            None => Err(self.err(ErrorKind::IntTooLarge { bytes: n })),
         }
-        // Fast path: addresses and timestamps are 6–8 byte LONG1s.
-        if b.len() <= 8 {
-            let mut buf = [0u8; 8];
-            buf[..b.len()].copy_from_slice(b);
-            let shift = 64 - 8 * b.len() as u32;
-            let v = (i64::from_le_bytes(buf) << shift) >> shift;
-            self.stack.push(Value::Int(v));
-            return Ok(());
+    }
+
+    /// Refuse to go on when the objects built so far take more memory than any snapshot of
+    /// this input's size could need (see [`Limits::object_budget`]).
+    fn check_budget(&mut self, compactor: &dyn Compactor) -> Result<(), PickleError> {
+        let built = self.built_bytes(compactor);
+        self.stats.peak_built_bytes = self.stats.peak_built_bytes.max(built);
+        let budget = &self.limits.object_budget;
+        let (pickle, stored) = (self.src.offset(), self.src.stored_bytes());
+        let allowed = budget.allowed(pickle, stored);
+        if built > allowed {
+            return Err(self.err(ErrorKind::ObjectBudget { built, allowed, pickle, stored }));
         }
-        // Strip redundant sign-extension bytes, then require at most 16 significant bytes.
-        let neg = b[b.len() - 1] & 0x80 != 0;
-        let mut n = b.len();
-        let fill = if neg { 0xff } else { 0x00 };
-        while n > 1 && b[n - 1] == fill && ((b[n - 2] & 0x80 != 0) == neg) {
-            n -= 1;
-        }
-        if n > 16 {
-            return Err(self.err(ErrorKind::IntTooLarge { bytes: b.len() as u64 }));
-        }
-        let mut buf = [fill; 16];
-        buf[..n].copy_from_slice(&b[..n]);
-        self.push_int(i128::from_le_bytes(buf));
         Ok(())
+    }
+
+    fn built_bytes(&self, compactor: &dyn Compactor) -> u64 {
+        self.built
+            + (self.stack.len() as u64 + self.memo_scalars.len() as u64) * SLOT
+            + self.memo.len() as u64 * 4
+            + self.sparse_memo.len() as u64 * SLOT
+            + self.marks.len() as u64 * 8
+            + compactor.retained_bytes()
     }
 
     fn encode(&mut self, v: Value) -> Result<u32, PickleError> {
@@ -391,6 +465,7 @@ impl<'a> Vm<'a, '_> {
                     if let Some(rec) = compactor.compact(&self.heap, d, &mut self.freeze) {
                         for &(list, token) in &self.freeze {
                             if let Some(l) = self.heap.lists.get_mut(list as usize) {
+                                self.built -= (l.len() as u64 * SLOT).min(self.built);
                                 *l = ListStore::Frozen(token);
                             }
                         }
@@ -399,6 +474,7 @@ impl<'a> Vm<'a, '_> {
                             self.replace_in_memo(memo, v)?;
                         }
                         let items = &mut self.heap.dicts[d as usize];
+                        self.built -= (items.len() as u64 * 2 * SLOT).min(self.built);
                         items.clear();
                         if items.capacity() > 64 {
                             items.shrink_to(16);
@@ -412,6 +488,7 @@ impl<'a> Vm<'a, '_> {
             }
             self.heap.lists[id as usize].push(v);
         }
+        self.built += (self.stack.len() - from) as u64 * SLOT;
         self.stack.truncate(from);
         Ok(())
     }
@@ -429,16 +506,19 @@ impl<'a> Vm<'a, '_> {
         for pair in self.stack[from..].chunks_exact(2) {
             items.push((pair[0], pair[1]));
         }
+        self.built += (self.stack.len() - from) as u64 * SLOT;
         self.stack.truncate(from);
         Ok(())
     }
 
     fn new_list(&mut self, items: Vec<Value>) -> Value {
+        self.built += OBJECT_OVERHEAD + items.len() as u64 * SLOT;
         self.heap.lists.push(ListStore::Values(items.into()));
         Value::List((self.heap.lists.len() - 1) as u32)
     }
 
     fn new_tuple(&mut self, items: Vec<Value>) -> Value {
+        self.built += OBJECT_OVERHEAD + items.len() as u64 * SLOT;
         self.heap.tuples.push(items);
         Value::Tuple((self.heap.tuples.len() - 1) as u32)
     }
@@ -448,23 +528,29 @@ impl<'a> Vm<'a, '_> {
         compactor: &mut dyn Compactor,
         mut progress: Option<Progress<'_>>,
     ) -> Result<Parsed<'a>, PickleError> {
-        let mut next_progress = progress.as_ref().map_or(usize::MAX, |p| p.every.max(1));
+        let mut next_progress = progress.as_ref().map_or(u64::MAX, |p| p.every.max(1) as u64);
         loop {
-            if self.pos >= next_progress {
+            let pos = self.src.offset();
+            if pos >= next_progress {
                 if let Some(p) = progress.as_mut() {
-                    (p.callback)(self.pos);
-                    next_progress = self.pos + p.every.max(1);
+                    (p.callback)(pos as usize);
+                    next_progress = pos + p.every.max(1) as u64;
                 }
             }
-            self.op_start = self.pos;
-            if self.pos >= self.data.len() {
-                self.op = 0;
-                return Err(PickleError { offset: self.pos, opcode: None, kind: ErrorKind::MissingStop });
-            }
-            let op = self.data[self.pos];
+            self.op_start = pos;
+            let op = match self.src.next_byte() {
+                Ok(Some(op)) => op,
+                Ok(None) => {
+                    self.op = 0;
+                    return Err(PickleError { offset: pos as usize, opcode: None, kind: ErrorKind::MissingStop });
+                }
+                Err(f) => return Err(PickleError { opcode: None, ..fault(pos, 0, f, 1) }),
+            };
             self.op = op;
-            self.pos += 1;
             self.stats.opcodes += 1;
+            if self.stats.opcodes.is_multiple_of(BUDGET_CHECK_EVERY) {
+                self.check_budget(compactor)?;
+            }
             match op {
                 // --- framing and control
                 0x80 => {
@@ -478,18 +564,17 @@ impl<'a> Vm<'a, '_> {
                 0x95 => {
                     // FRAME: a length hint; the bytes follow inline, nothing to do but check it.
                     let n = self.u64()?;
-                    let avail = (self.data.len() - self.pos) as u64;
-                    if n > avail {
-                        return Err(self.err(ErrorKind::Truncated { needed: n, available: avail }));
-                    }
+                    let (at, op) = (self.op_start, self.op);
+                    self.src.expect(n).map_err(|f| fault(at, op, f, n))?;
                     self.stats.frames += 1;
                 }
                 b'.' => {
                     // STOP
                     let root = self.pop()?;
-                    self.stats.trailing_bytes = self.data.len() - self.pos;
+                    self.stats.trailing_bytes = self.src.buffered();
+                    self.check_budget(compactor)?;
                     if let Some(p) = progress.as_mut() {
-                        (p.callback)(self.pos);
+                        (p.callback)(self.src.offset() as usize);
                     }
                     return Ok(Parsed { heap: self.heap, root, stats: self.stats });
                 }
@@ -540,9 +625,8 @@ impl<'a> Vm<'a, '_> {
                 }
                 0x8a => {
                     // LONG1
-                    let n = self.u8()? as usize;
-                    let b = self.take(n)?;
-                    self.push_long_bytes(b)?;
+                    let n = self.u8()?;
+                    self.push_long(n as u64)?;
                 }
                 0x8b => {
                     // LONG4
@@ -550,38 +634,35 @@ impl<'a> Vm<'a, '_> {
                     if n < 0 {
                         return Err(self.err(ErrorKind::NegativeLength(n as i64)));
                     }
-                    let b = self.take_len(n as u64)?;
-                    self.push_long_bytes(b)?;
+                    self.push_long(n as u64)?;
                 }
                 b'I' => {
                     // INT (text); "01"/"00" are True/False in protocol 0.
                     let l = self.line()?;
-                    match l {
+                    match &l[..] {
                         b"01" => self.stack.push(Value::Bool(true)),
                         b"00" => self.stack.push(Value::Bool(false)),
                         _ => {
-                            let v = parse_text_int(l).ok_or_else(|| self.err(ErrorKind::BadText("INT")))?;
+                            let v = parse_text_int(&l).ok_or_else(|| self.err(ErrorKind::BadText("INT")))?;
                             self.push_int(v);
                         }
                     }
                 }
                 b'L' => {
                     // LONG (text, optional trailing 'L')
-                    let l = self.line()?;
-                    let l = l.strip_suffix(b"L").unwrap_or(l);
+                    let line = self.line()?;
+                    let l = line.strip_suffix(b"L").unwrap_or(&line);
                     let v = parse_text_int(l).ok_or_else(|| self.err(ErrorKind::BadText("LONG")))?;
                     self.push_int(v);
                 }
                 // --- floats
                 b'G' => {
-                    let b = self.take(8)?;
-                    let mut a = [0u8; 8];
-                    a.copy_from_slice(b);
+                    let a = self.array::<8>()?;
                     self.stack.push(Value::Float(f64::from_be_bytes(a)));
                 }
                 b'F' => {
                     let l = self.line()?;
-                    let v = std::str::from_utf8(l)
+                    let v = std::str::from_utf8(&l)
                         .ok()
                         .and_then(|s| s.trim().parse::<f64>().ok())
                         .ok_or_else(|| self.err(ErrorKind::BadText("FLOAT")))?;
@@ -589,30 +670,27 @@ impl<'a> Vm<'a, '_> {
                 }
                 // --- strings
                 0x8c => {
-                    let n = self.u8()? as usize;
-                    let b = self.take(n)?;
-                    self.push_str_bytes(b);
+                    let n = self.u8()?;
+                    self.push_str(n as u64)?;
                 }
                 b'X' => {
-                    let n = self.u32()? as u64;
-                    let b = self.take_len(n)?;
-                    self.push_str_bytes(b);
+                    let n = self.u32()?;
+                    self.push_str(n as u64)?;
                 }
                 0x8d => {
                     let n = self.u64()?;
-                    let b = self.take_len(n)?;
-                    self.push_str_bytes(b);
+                    self.push_str(n)?;
                 }
                 b'V' => {
                     // UNICODE (raw-unicode-escape text line)
                     let l = self.line()?;
-                    let s = decode_raw_unicode_escape(l);
+                    let s = decode_raw_unicode_escape(&l);
                     self.push_owned_str(s);
                 }
                 b'S' => {
                     // STRING (Python 2 str repr, quoted)
                     let l = self.line()?;
-                    let s = decode_py_string_repr(l).ok_or_else(|| self.err(ErrorKind::BadText("STRING")))?;
+                    let s = decode_py_string_repr(&l).ok_or_else(|| self.err(ErrorKind::BadText("STRING")))?;
                     self.push_owned_str(s);
                 }
                 b'T' => {
@@ -621,30 +699,25 @@ impl<'a> Vm<'a, '_> {
                     if n < 0 {
                         return Err(self.err(ErrorKind::NegativeLength(n as i64)));
                     }
-                    let b = self.take_len(n as u64)?;
-                    self.push_str_bytes(b);
+                    self.push_str(n as u64)?;
                 }
                 b'U' => {
-                    let n = self.u8()? as usize;
-                    let b = self.take(n)?;
-                    self.push_str_bytes(b);
+                    let n = self.u8()?;
+                    self.push_str(n as u64)?;
                 }
                 // --- bytes
                 b'C' => {
-                    let n = self.u8()? as usize;
-                    let b = self.take(n)?;
-                    self.push_bytes(b);
+                    let n = self.u8()?;
+                    self.push_bytes(n as u64)?;
                 }
                 b'B' => {
-                    let n = self.u32()? as u64;
-                    let b = self.take_len(n)?;
-                    self.push_bytes(b);
+                    let n = self.u32()?;
+                    self.push_bytes(n as u64)?;
                 }
                 0x8e | 0x96 => {
                     // BINBYTES8, BYTEARRAY8
                     let n = self.u64()?;
-                    let b = self.take_len(n)?;
-                    self.push_bytes(b);
+                    self.push_bytes(n)?;
                 }
                 0x98 => {
                     // READONLY_BUFFER: a no-op on in-band bytes.
@@ -662,11 +735,13 @@ impl<'a> Vm<'a, '_> {
                     self.stack.push(v);
                 }
                 b'}' => {
+                    self.built += OBJECT_OVERHEAD;
                     let id = self.heap.new_dict();
                     self.stack.push(Value::Dict(id));
                 }
                 b'd' => {
                     let m = self.pop_mark()?;
+                    self.built += OBJECT_OVERHEAD;
                     let id = self.heap.new_dict();
                     self.set_items(Value::Dict(id), m)?;
                     self.stack.push(Value::Dict(id));
@@ -693,6 +768,7 @@ impl<'a> Vm<'a, '_> {
                 }
                 0x8f => {
                     // EMPTY_SET
+                    self.built += OBJECT_OVERHEAD;
                     self.heap.lists.push(ListStore::default());
                     self.stack.push(Value::Set((self.heap.lists.len() - 1) as u32));
                 }
@@ -700,6 +776,7 @@ impl<'a> Vm<'a, '_> {
                     // FROZENSET
                     let m = self.pop_mark()?;
                     let items = self.stack.split_off(m);
+                    self.built += OBJECT_OVERHEAD + items.len() as u64 * SLOT;
                     self.heap.lists.push(ListStore::Values(items.into()));
                     self.stack.push(Value::Set((self.heap.lists.len() - 1) as u32));
                 }
@@ -768,7 +845,8 @@ impl<'a> Vm<'a, '_> {
                 }
                 b'p' => {
                     let l = self.line()?;
-                    let i = parse_text_int(l).filter(|i| *i >= 0).ok_or_else(|| self.err(ErrorKind::BadText("PUT")))?;
+                    let i =
+                        parse_text_int(&l).filter(|i| *i >= 0).ok_or_else(|| self.err(ErrorKind::BadText("PUT")))?;
                     self.memo_put(i as u64)?;
                 }
                 b'h' => {
@@ -781,7 +859,8 @@ impl<'a> Vm<'a, '_> {
                 }
                 b'g' => {
                     let l = self.line()?;
-                    let i = parse_text_int(l).filter(|i| *i >= 0).ok_or_else(|| self.err(ErrorKind::BadText("GET")))?;
+                    let i =
+                        parse_text_int(&l).filter(|i| *i >= 0).ok_or_else(|| self.err(ErrorKind::BadText("GET")))?;
                     self.memo_get(i as u64)?;
                 }
                 // --- everything that would import or call code, or needs out-of-band data
@@ -807,7 +886,52 @@ const H_INDEX_MASK: u32 = (1 << 29) - 1;
 const H_EMPTY: u32 = u32::MAX;
 
 const SHORT_STR_MAX: usize = 48;
+
+/// Bytes counted per value slot in a container, on the stack or in the memo (a [`Value`]).
+const SLOT: u64 = std::mem::size_of::<Value>() as u64;
+/// Bytes counted per string, list, tuple, dict or set besides its contents.
+const OBJECT_OVERHEAD: u64 = 24;
+/// Opcodes between two checks of the object budget. A single opcode adds at most its own input
+/// bytes (a string) or a handful of slots, so the budget is overrun by little between checks.
+const BUDGET_CHECK_EVERY: u64 = 1 << 14;
 const SHORT_STR_SLOTS: usize = 4096;
+
+/// The error for a source that could not give `needed` bytes to the opcode at `at`.
+fn fault(at: u64, op: u8, f: Fault, needed: u64) -> PickleError {
+    let kind = match f {
+        Fault::Short { available } => ErrorKind::Truncated { needed, available },
+        Fault::Io(e) => ErrorKind::Input(e.to_string()),
+    };
+    PickleError { offset: at as usize, opcode: Some(op), kind }
+}
+
+/// Little-endian two's-complement integer of `b.len()` bytes (LONG1/LONG4); `None` when it is
+/// wider than 128 bits.
+fn long_value(b: &[u8]) -> Option<i128> {
+    if b.is_empty() {
+        return Some(0);
+    }
+    // Fast path: addresses and timestamps are 6–8 byte LONG1s.
+    if b.len() <= 8 {
+        let mut buf = [0u8; 8];
+        buf[..b.len()].copy_from_slice(b);
+        let shift = 64 - 8 * b.len() as u32;
+        return Some(((i64::from_le_bytes(buf) << shift) >> shift) as i128);
+    }
+    // Strip redundant sign-extension bytes, then require at most 16 significant bytes.
+    let neg = b[b.len() - 1] & 0x80 != 0;
+    let mut n = b.len();
+    let fill = if neg { 0xff } else { 0x00 };
+    while n > 1 && b[n - 1] == fill && ((b[n - 2] & 0x80 != 0) == neg) {
+        n -= 1;
+    }
+    if n > 16 {
+        return None;
+    }
+    let mut buf = [fill; 16];
+    buf[..n].copy_from_slice(&b[..n]);
+    Some(i128::from_le_bytes(buf))
+}
 
 /// FNV-1a over a short string, for the dedupe cache.
 fn short_hash(b: &[u8]) -> usize {
