@@ -1,6 +1,7 @@
 //! `memsnap`: the command-line front end. Thin glue over the library crates; the only place that
 //! touches files, the environment and the terminal.
 
+mod alloc;
 mod cmd;
 mod input;
 mod load;
@@ -9,6 +10,9 @@ mod size;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+
+#[global_allocator]
+static ALLOCATOR: alloc::ExitOnFailure = alloc::ExitOnFailure;
 
 /// Offline analyzer for PyTorch CUDA memory snapshots (`torch.cuda.memory._dump_snapshot`).
 #[derive(Parser)]

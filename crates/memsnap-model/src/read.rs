@@ -40,8 +40,8 @@ pub struct ReadOptions<'p> {
     pub progress: Option<&'p mut dyn FnMut(usize)>,
     pub progress_every: usize,
     /// The pickle's size when something other than the pickle says it (a regular file's
-    /// length), else 0. It only reserves room ahead (address space, which a hint too large for
-    /// this machine gives up); nothing depends on it being right.
+    /// length), else 0. It only lets a `FRAME` longer than the file be reported as truncation
+    /// where it is; nothing else depends on it.
     pub size_hint: u64,
     /// Bytes of the input as stored (compressed), counted while it is read (see
     /// [`memsnap_pickle::CountingReader`]); the object budget is measured against it. `None`
@@ -67,9 +67,8 @@ pub fn read_snapshot(data: &[u8]) -> Result<Snapshot, ReadError> {
 }
 
 /// Read a snapshot from pickle bytes in memory (strings are borrowed while reading).
-pub fn read_snapshot_with(data: &[u8], mut opts: ReadOptions<'_>) -> Result<Snapshot, ReadError> {
+pub fn read_snapshot_with(data: &[u8], opts: ReadOptions<'_>) -> Result<Snapshot, ReadError> {
     judge_head(data, data.len() < HEAD)?;
-    opts.size_hint = data.len() as u64;
     read_source(SliceSource::new(data), opts)
 }
 
@@ -137,16 +136,13 @@ fn is_opcode(b: u8) -> bool {
 
 fn read_source<'a, S: Source<'a>>(source: S, opts: ReadOptions<'_>) -> Result<Snapshot, ReadError> {
     let mut b = Builder::default();
-    // Reserve address space for the records from the input size (a trace entry takes at least
-    // ~36 pickle bytes); untouched capacity costs no memory and the vector never moves.
-    let _ = b.events.try_reserve((opts.size_hint / 36).min(usize::MAX as u64) as usize);
     // String 0 is always "" (see `StrId::EMPTY`).
     b.intern("");
     b.na_id = Some(StrId(b.intern("N/A")));
-    let ReadOptions { limits, progress, progress_every, size_hint, .. } = opts;
+    let ReadOptions { limits, progress, progress_every, .. } = opts;
     let parsed = {
         let progress = progress.map(|callback| Progress { every: progress_every, callback });
-        memsnap_pickle::parse_source(source, size_hint, &mut b, &limits, progress)?
+        memsnap_pickle::parse_source(source, &mut b, &limits, progress)?
     };
     b.finish(parsed)
 }
@@ -542,6 +538,7 @@ impl Builder {
         self.intern("");
         let mut snap = Snapshot::default();
         snap.source.protocol = stats.protocol;
+        snap.source.peak_built_bytes = stats.peak_built_bytes;
         snap.source.producer = if stats.memoize > 0 && stats.protocol >= 4 {
             Producer::PythonPickler
         } else if stats.protocol == 2 && stats.memoize == 0 && stats.binput > 0 && stats.empty_batches > 0 {

@@ -250,6 +250,9 @@ pub struct SourceInfo {
     pub events_with_frames: u64,
     /// The file had a `device_traces` key.
     pub has_trace_key: bool,
+    /// Largest approximate memory the reader's objects took while parsing (what the object
+    /// budget, `memsnap_pickle::ObjectBudget`, is measured on).
+    pub peak_built_bytes: u64,
 }
 
 /// A whole memory snapshot.

@@ -32,6 +32,11 @@ pub enum ErrorKind {
     /// An append to a list that a compactor had already absorbed into a record.
     FrozenList,
     LimitExceeded(&'static str),
+    /// A string or bytes object longer than `Limits::max_object_bytes`.
+    TooLong {
+        bytes: u64,
+        limit: u64,
+    },
     /// The input could not be read (an I/O error, a corrupt compressed stream, a decompression
     /// budget); the text says which.
     Input(String),
@@ -77,6 +82,9 @@ impl fmt::Display for ErrorKind {
             ErrorKind::TooDeep(n) => write!(f, "nesting deeper than {n} levels"),
             ErrorKind::LimitExceeded(what) => write!(f, "too many {what}"),
             ErrorKind::Input(what) => write!(f, "{what}"),
+            ErrorKind::TooLong { bytes, limit } => {
+                write!(f, "a string of {bytes} bytes, longer than any snapshot holds (limit {limit})")
+            }
             ErrorKind::ObjectBudget { built, allowed, pickle, stored } => write!(
                 f,
                 "the objects built from {pickle} pickle bytes ({stored} bytes as stored) take about {built} bytes, \

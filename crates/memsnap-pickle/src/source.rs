@@ -50,6 +50,9 @@ pub trait Source<'a> {
     fn expect(&mut self, n: u64) -> Result<(), Fault>;
     /// Bytes known to follow the cursor without reading further (all of them for a slice).
     fn buffered(&self) -> u64;
+    /// How many bytes are left in the input, when that is known without reading it (a slice,
+    /// a file of known length, or a reader that reached its end).
+    fn known_left(&self) -> Option<u64>;
 }
 
 /// A pickle held in memory.
@@ -132,6 +135,9 @@ impl<'a> Source<'a> for SliceSource<'a> {
     }
     fn buffered(&self) -> u64 {
         (self.data.len() - self.pos) as u64
+    }
+    fn known_left(&self) -> Option<u64> {
+        Some((self.data.len() - self.pos) as u64)
     }
 }
 
@@ -332,6 +338,13 @@ impl<'a, R: Read> Source<'a> for ReadSource<R> {
     }
     fn buffered(&self) -> u64 {
         (self.end - self.pos) as u64
+    }
+    fn known_left(&self) -> Option<u64> {
+        if self.eof {
+            Some((self.end - self.pos) as u64)
+        } else {
+            self.len_hint.map(|len| len.saturating_sub(self.offset()))
+        }
     }
 }
 

@@ -50,11 +50,21 @@ pub struct Limits {
     pub max_sparse_memo: usize,
     /// How much memory the objects a pickle builds may take, for its size.
     pub object_budget: ObjectBudget,
+    /// Longest string or bytes object accepted (16 MiB). A snapshot's longest strings are
+    /// source paths, C++ symbol names and compile contexts (a few KB); the cap keeps a length
+    /// field from making a reader gather gigabytes of a pipe or a device before anything is
+    /// judged.
+    pub max_object_bytes: u64,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_marks: 10_000, max_sparse_memo: 1 << 24, object_budget: ObjectBudget::DEFAULT }
+        Limits {
+            max_marks: 10_000,
+            max_sparse_memo: 1 << 24,
+            object_budget: ObjectBudget::DEFAULT,
+            max_object_bytes: 16 << 20,
+        }
     }
 }
 
@@ -63,12 +73,12 @@ impl Default for Limits {
 /// `allowance + min(per_pickle_byte × pickle bytes, per_stored_byte × stored bytes)`.
 ///
 /// Why it holds for every real snapshot: each object costs at least one opcode byte, and a
-/// snapshot's bytes are mostly keys, addresses and sizes that become fixed-size fields, so a
-/// real file builds about one to three bytes of objects per pickle byte (measured on every
-/// bundled fixture and the 1.07 GB bench file: `tests/hostile_cli.rs` checks the fixtures stay
-/// under a quarter of the budget) and about 60 per byte of xz (real snapshots compress 18–25×).
-/// A bomb builds far more: one `EMPTY_DICT` byte is a 24-byte dict, and a few KB of xz expand
-/// to millions of them.
+/// snapshot's bytes are mostly keys, addresses and sizes that become fixed-size fields. Measured
+/// (`crates/memsnap-model/tests/object_budget.rs`, which keeps every bundled real fixture under a
+/// quarter of both proportional parts): at most 6.0 bytes of objects per pickle byte (a small
+/// state-only file, whose blocks stay generic dicts; the 1.07 GB bench file builds 1.3) and 61
+/// per byte of xz (31 for the bench file). A bomb builds far more: one `EMPTY_DICT` byte is a
+/// 24-byte dict plus its slot, and a few KB of xz expand to millions of them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ObjectBudget {
     /// Bytes any input may build, however small (a small real snapshot needs a few MB).
@@ -80,7 +90,7 @@ pub struct ObjectBudget {
 }
 
 impl ObjectBudget {
-    pub const DEFAULT: ObjectBudget = ObjectBudget { allowance: 64 << 20, per_pickle_byte: 16, per_stored_byte: 256 };
+    pub const DEFAULT: ObjectBudget = ObjectBudget { allowance: 64 << 20, per_pickle_byte: 32, per_stored_byte: 512 };
     /// No limit (for callers that bound their input otherwise).
     pub const UNLIMITED: ObjectBudget = ObjectBudget { allowance: u64::MAX, per_pickle_byte: 0, per_stored_byte: 0 };
 
@@ -133,24 +143,17 @@ pub fn parse<'a>(
     limits: &Limits,
     progress: Option<Progress<'_>>,
 ) -> Result<Parsed<'a>, PickleError> {
-    // Capacity reserved from the input size is address space, not memory: pages are only
-    // touched as the memo fills, and the vector never has to be copied while it grows.
-    parse_source(SliceSource::new(data), data.len() as u64, compactor, limits, progress)
+    parse_source(SliceSource::new(data), compactor, limits, progress)
 }
 
-/// Read one pickle from `source`. `size_hint` is the pickle's size when it is known from
-/// something other than the pickle itself (a regular file's length), else 0: it only sizes
-/// the memo's first allocation.
+/// Read one pickle from `source`. Nothing is reserved ahead from sizes: the containers grow
+/// with what the pickle builds (large vectors grow by remapping pages, not by copying).
 pub fn parse_source<'a, S: Source<'a>>(
     source: S,
-    size_hint: u64,
     compactor: &mut dyn Compactor,
     limits: &Limits,
     progress: Option<Progress<'_>>,
 ) -> Result<Parsed<'a>, PickleError> {
-    let mut memo = Vec::new();
-    // A hint too large for this machine's address space only loses the head start.
-    let _ = memo.try_reserve((size_hint / 16).min(usize::MAX as u64) as usize);
     let vm = Vm {
         src: source,
         op_start: 0,
@@ -158,7 +161,7 @@ pub fn parse_source<'a, S: Source<'a>>(
         heap: Heap::default(),
         stack: Vec::with_capacity(1024),
         marks: Vec::new(),
-        memo,
+        memo: Vec::new(),
         sparse_memo: HashMap::new(),
         memo_scalars: Vec::new(),
         short_strs: vec![(u32::MAX, 0); SHORT_STR_SLOTS],
@@ -212,6 +215,13 @@ impl<'a, S: Source<'a>> Vm<'a, '_, S> {
     /// only from the bytes that really follow.
     fn bytes(&mut self, n: u64) -> Result<Cow<'a, [u8]>, PickleError> {
         let (at, op) = (self.op_start, self.op);
+        match self.src.known_left() {
+            Some(left) if n > left => return Err(self.err(ErrorKind::Truncated { needed: n, available: left })),
+            _ if n > self.limits.max_object_bytes => {
+                return Err(self.err(ErrorKind::TooLong { bytes: n, limit: self.limits.max_object_bytes }))
+            }
+            _ => {}
+        }
         self.src.bytes(n).map_err(|f| fault(at, op, f, n))
     }
 
