@@ -87,6 +87,8 @@ fn every_protocol_builds_the_same_model() {
         assert_eq!(got.source.protocol, protocol, "{name}");
         got.source.protocol = want.source.protocol;
         got.source.producer = want.source.producer;
+        // How much memory the reader's objects took depends on the encoding, not the content.
+        got.source.peak_built_bytes = want.source.peak_built_bytes;
         assert!(got == want, "{name}: the model differs from the protocol-4 original");
     }
 }
