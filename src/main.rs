@@ -4,6 +4,7 @@
 mod alloc;
 mod cmd;
 mod input;
+mod json_stream;
 mod load;
 mod size;
 

@@ -13,6 +13,19 @@ const EXPECTED: &[(&str, &str)] = &[
     ("json_text.pickle", "byte 0: not a pickle: first byte 0x7b is no pickle opcode (looks like JSON)"),
     ("torch_save_zip.pt", "byte 0: not a pickle: a zip archive (torch.save output"),
     ("truncated_stream.pickle.xz", "xz decompression failed"),
+    // Bombs: refused by the decompression budget, the object budget and the string cap.
+    (
+        "bomb_tiny_opcodes_1g.pickle.xz",
+        "xz stream expands to more than 83993728 bytes from 16390 compressed bytes (over 1000x",
+    ),
+    (
+        "bomb_empty_dicts_30m.pickle.xz",
+        "(opcode EMPTY_DICT 0x7d): the objects built from 1736705 pickle bytes (4504 bytes as stored) take about",
+    ),
+    (
+        "bomb_long_string_claim.pickle.xz",
+        "pickle error at byte 2 (opcode BINUNICODE 0x58): a string of 3000000000 bytes, longer than any snapshot holds",
+    ),
     // Code execution attempts: refused at the opcode, before anything could be imported.
     // Protocol 0 starts with any opcode: the refusal names it.
     (

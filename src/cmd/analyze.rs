@@ -46,14 +46,11 @@ pub fn analyze_file_capped(path: &std::path::Path, cap: Option<u64>) -> Result<A
 
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let a = analyze_file(&args.file)?;
-    let out = if args.json {
-        let mut s = serde_json::to_string_pretty(&analysis_json(&a))?;
-        s.push('\n');
-        s
+    if args.json {
+        write_analysis_json(&mut std::io::BufWriter::new(std::io::stdout().lock()), &a)?;
     } else {
-        analysis_text(&a, args.top)
-    };
-    emit(&out)?;
+        emit(&analysis_text(&a, args.top))?;
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -118,16 +115,15 @@ fn moment_json(m: &Moment, top: usize) -> Value {
     })
 }
 
-pub fn analysis_json(a: &Analyzed) -> Value {
+/// The analysis as JSON; each device's object is built as it is written.
+fn write_analysis_json(out: &mut dyn std::io::Write, a: &Analyzed) -> std::io::Result<()> {
     let snap = &a.loaded.snapshot;
     let totals = snap.device_totals();
-    let devices: Vec<Value> = a
-        .analysis
-        .devices
-        .iter()
-        .map(|da| {
+    let device = |i: usize| {
+        let da = &a.analysis.devices[i];
+        {
             let r = a.replay.device(da.device);
-            let t = totals.iter().find(|t| t.device == da.device);
+            let t = memsnap_model::find_device(&totals, da.device, |t| t.device);
             let peaks = r.map(|r| r.peaks).unwrap_or_default();
             // Without a trace the replay knows only the dump: no peak can be established.
             let peak_known = da.peak_known;
@@ -163,19 +159,20 @@ pub fn analysis_json(a: &Analyzed) -> Value {
                 "suspects": da.suspects.iter().map(suspect_json).collect::<Vec<_>>(),
                 "caveats": da.caveats,
             })
-        })
-        .collect();
-    json!({
+        }
+    };
+    let fields = json!({
         "schema_version": 1,
         "command": "analyze",
         "file": file_name(&a.loaded.path),
         "pickle_bytes": a.loaded.pickle_bytes,
         "pickle_protocol": snap.source.protocol,
         "producer": snap.source.producer.name(),
-        "devices": devices,
         "suspects": a.analysis.suspects().into_iter().map(suspect_json).collect::<Vec<_>>(),
         "caveats": lacks(snap),
-    })
+    });
+    let fields = fields.as_object().expect("an object");
+    crate::json_stream::write_pretty(out, fields, "devices", a.analysis.devices.len(), &device)
 }
 
 fn analysis_text(a: &Analyzed, top: usize) -> String {

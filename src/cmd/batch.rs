@@ -80,7 +80,7 @@ pub fn device_figures(a: &Analyzed) -> Vec<DeviceFigures> {
         .devices
         .iter()
         .map(|da| {
-            let t = totals.iter().find(|t| t.device == da.device);
+            let t = memsnap_model::find_device(&totals, da.device, |t| t.device);
             let allocated_bytes = t.map_or(0, |t| t.allocated_bytes);
             let reserved_bytes = t.map_or(0, |t| t.reserved_bytes);
             let peaks = a.replay.device(da.device).map(|r| r.peaks).unwrap_or_default();
@@ -353,8 +353,15 @@ impl Discovery {
     }
 
     /// Add an existing path: a directory is walked, anything else is read as a snapshot.
-    fn add_path(&mut self, path: PathBuf) {
-        if std::fs::metadata(&path).is_ok_and(|m| m.is_dir()) {
+    /// `explicit` is a path named on the command line, which is read whatever it is (a FIFO
+    /// blocks until written, like `cat`); a path found in a directory or by a pattern is read
+    /// only when it is a regular file, so a FIFO or a device there cannot hang the batch.
+    fn add_path(&mut self, path: PathBuf, explicit: bool) {
+        let meta = std::fs::metadata(&path);
+        if !explicit && meta.as_ref().is_ok_and(|m| !m.is_dir() && !m.is_file()) {
+            return self.skip_special(&path);
+        }
+        if meta.is_ok_and(|m| m.is_dir()) {
             let before = self.inputs.len();
             self.walk(&path);
             if self.inputs.len() == before {
@@ -386,19 +393,28 @@ impl Discovery {
                 continue;
             }
             let path = dir.join(&name);
-            if std::fs::metadata(&path).is_ok_and(|m| m.is_dir()) {
+            let meta = std::fs::metadata(&path);
+            if meta.as_ref().is_ok_and(|m| m.is_dir()) {
                 self.walk(&path);
-            } else if is_snapshot_name(&text) {
-                self.add_file(path);
-            } else {
+            } else if !is_snapshot_name(&text) {
                 self.skipped += 1;
+            } else if meta.is_ok_and(|m| !m.is_file()) {
+                self.skip_special(&path);
+            } else {
+                self.add_file(path);
             }
         }
     }
 
+    /// A FIFO, socket or device found under a directory or by a pattern: not read.
+    fn skip_special(&mut self, path: &Path) {
+        eprintln!("memsnap: warning: {}: not a regular file (a FIFO, socket or device): skipped", path.display());
+        self.skipped += 1;
+    }
+
     fn add_arg(&mut self, arg: &Path) {
         if arg.as_os_str() == "-" || arg.exists() {
-            return self.add_path(arg.to_path_buf());
+            return self.add_path(arg.to_path_buf(), true);
         }
         if !is_pattern(arg) {
             let e = std::fs::metadata(arg).err().map_or_else(|| "not found".to_string(), |e| e.to_string());
@@ -418,7 +434,7 @@ impl Discovery {
         for entry in paths {
             matched = true;
             match entry {
-                Ok(p) => self.add_path(p),
+                Ok(p) => self.add_path(p, false),
                 Err(e) => {
                     let path = e.path().to_path_buf();
                     self.add_error(&path, format!("cannot read directory: {}", e.error()));
@@ -710,7 +726,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     progress.finish_and_clear();
 
     let skipped = if disc.skipped > 0 {
-        format!("; {} other files in the directories skipped by name", disc.skipped)
+        format!("; {} other files skipped (not named like a snapshot, or not a regular file)", disc.skipped)
     } else {
         String::new()
     };

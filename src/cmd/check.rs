@@ -107,8 +107,10 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         ),
     ];
     for (gate, what, limit, values) in limits {
-        let values: Vec<(u32, u64)> =
-            values.into_iter().filter(|(d, _)| figures.iter().any(|f| f.device == *d && f.peak_known)).collect();
+        let values: Vec<(u32, u64)> = values
+            .into_iter()
+            .filter(|(d, _)| memsnap_model::find_device(&figures, *d, |f| f.device).is_some_and(|f| f.peak_known))
+            .collect();
         let Some(limit) = limit else { continue };
         gates += 1;
         for d in figures.iter().filter(|d| !d.peak_known) {

@@ -83,6 +83,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let mut total = 0u64;
     let mut blocks_n = 0usize;
     let mut whens = Vec::new();
+    let annotations = snap.annotations_by_device();
     for da in &devices {
         let Some(d) = a.replay.device(da.device) else { continue };
         let events = snap.trace(da.device).map_or(&[][..], |t| &t.events[..]);
@@ -101,8 +102,8 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
                     }
                     _ => unreachable!(),
                 };
-                let annotations: Vec<_> = snap.annotations.iter().filter(|x| x.device == da.device).cloned().collect();
-                let phases = find_phases(events, stacks, &annotations);
+                let annotations = annotations.get(&da.device).map_or(&[][..], |a| &a[..]);
+                let phases = find_phases(events, stacks, annotations);
                 let (_, blocks) = moment(snap, stacks, &phases, d, idx.map(|i| i as u32));
                 let when = match idx {
                     Some(i) => format!("after event {}", fmt_count(i as u64)),

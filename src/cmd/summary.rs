@@ -22,14 +22,11 @@ pub struct Args {
 
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let loaded = load(&args.file)?;
-    let out = if args.json {
-        let mut s = serde_json::to_string_pretty(&summary_json(&loaded))?;
-        s.push('\n');
-        s
+    if args.json {
+        write_summary_json(&mut std::io::BufWriter::new(std::io::stdout().lock()), &loaded)?;
     } else {
-        summary_text(&loaded)
-    };
-    emit(&out)?;
+        emit(&summary_text(&loaded))?;
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -269,11 +266,19 @@ pub fn device_json(t: &DeviceTotals, f: Option<&TraceFacts>) -> Value {
     })
 }
 
-fn summary_json(l: &Loaded) -> Value {
+/// The summary as JSON; each device's object is built as it is written.
+fn write_summary_json(out: &mut dyn std::io::Write, l: &Loaded) -> std::io::Result<()> {
     let snap = &l.snapshot;
     let facts = snap.trace_facts();
-    let devices: Vec<Value> =
-        snap.device_totals().iter().map(|t| device_json(t, facts.iter().find(|f| f.device == t.device))).collect();
+    let totals = snap.device_totals();
+    let device = |i: usize| device_json(&totals[i], memsnap_model::find_device(&facts, totals[i].device, |f| f.device));
+    let fields = summary_fields(l);
+    crate::json_stream::write_pretty(out, fields.as_object().expect("an object"), "devices", totals.len(), &device)
+}
+
+/// Every top-level field of the summary JSON but `devices`.
+fn summary_fields(l: &Loaded) -> Value {
+    let snap = &l.snapshot;
     json!({
         "schema_version": 1,
         "command": "summary",
@@ -282,7 +287,6 @@ fn summary_json(l: &Loaded) -> Value {
         "pickle_bytes": l.pickle_bytes,
         "pickle_protocol": snap.source.protocol,
         "producer": snap.source.producer.name(),
-        "devices": devices,
         "allocator_settings": snap.settings.raw,
         "annotations": snap.annotations.len(),
         "caveats": lacks(snap),

@@ -3,6 +3,7 @@
 #![allow(dead_code)] // each test binary uses a different subset
 
 use std::io::{Read, Write};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -104,4 +105,61 @@ pub fn files_in(dir: &Path, keep: impl Fn(&str) -> bool) -> Vec<PathBuf> {
         .collect();
     v.sort();
     v
+}
+
+/// Exit status and peak RSS (KiB) of one run, measured with `wait4` (the kernel's own count).
+pub struct Measured {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+    /// Peak RSS of the process. It includes the test process's own RSS at the fork, so a test
+    /// that asserts on it runs alone in its own test binary (`tests/memory_bounds.rs`).
+    pub max_rss_kib: i64,
+    pub stderr: String,
+}
+
+/// Run memsnap with output to files (nothing to drain) and measure it; `limit_as` sets
+/// RLIMIT_AS for the child (like `ulimit -v`). A watchdog kills it after a minute.
+pub fn measured(args: &[&str], limit_as: Option<u64>) -> Measured {
+    let dir = tempfile::tempdir().unwrap();
+    let err_path = dir.path().join("stderr");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_memsnap"));
+    cmd.args(args).current_dir(root()).stdin(Stdio::null()).stdout(Stdio::null());
+    cmd.stderr(std::fs::File::create(&err_path).unwrap());
+    if let Some(bytes) = limit_as {
+        // SAFETY: setrlimit is async-signal-safe and touches only the child.
+        #[allow(unsafe_code)]
+        unsafe {
+            cmd.pre_exec(move || {
+                let lim = libc::rlimit { rlim_cur: bytes, rlim_max: bytes };
+                if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let child = cmd.spawn().unwrap();
+    let pid = child.id() as libc::pid_t;
+    let watchdog = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(60));
+        // SAFETY: kill(2) of our own child's pid; harmless once it has been reaped.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+        }
+    });
+    let mut status = 0;
+    // SAFETY: a zeroed rusage is a valid value for wait4 to fill.
+    #[allow(unsafe_code)]
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    #[allow(unsafe_code)]
+    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(r, pid, "wait4");
+    drop(watchdog);
+    let (code, signal) = if libc::WIFEXITED(status) {
+        (Some(libc::WEXITSTATUS(status)), None)
+    } else {
+        (None, libc::WIFSIGNALED(status).then(|| libc::WTERMSIG(status)))
+    };
+    Measured { code, signal, max_rss_kib: usage.ru_maxrss, stderr: std::fs::read_to_string(&err_path).unwrap() }
 }

@@ -123,12 +123,14 @@ pub fn analyze(snap: &Snapshot, replay: &Replay) -> Analysis {
 pub fn analyze_with(snap: &Snapshot, replay: &Replay, thresholds: &Thresholds) -> Analysis {
     let stacks = StackTable::new(snap);
     let totals = snap.device_totals();
+    let annotations = snap.annotations_by_device();
     let devices = replay
         .devices
         .par_iter()
         .map(|d| {
-            let t = totals.binary_search_by_key(&d.device, |t| t.device).ok().map(|i| &totals[i]);
-            analyze_device(snap, &stacks, d, t, thresholds)
+            let t = memsnap_model::find_device(&totals, d.device, |t| t.device);
+            let annotations = annotations.get(&d.device).map_or(&[][..], |a| &a[..]);
+            analyze_device(snap, &stacks, d, t, annotations, thresholds)
         })
         .collect();
     Analysis { devices, stacks }
@@ -195,11 +197,11 @@ fn analyze_device(
     stacks: &StackTable,
     d: &DeviceReplay,
     totals: Option<&memsnap_model::DeviceTotals>,
+    annotations: &[memsnap_model::Annotation],
     thresholds: &Thresholds,
 ) -> DeviceAnalysis {
     let events = snap.trace(d.device).map_or(&[][..], |tr| &tr.events[..]);
-    let annotations: Vec<_> = snap.annotations.iter().filter(|a| a.device == d.device).cloned().collect();
-    let phases = find_phases(events, stacks, &annotations);
+    let phases = find_phases(events, stacks, annotations);
     let peak_t = d.peaks.allocated.event_index.map(|i| i as u32);
     let end_t = if events.is_empty() { None } else { Some(events.len() as u32 - 1) };
     let (peak, peak_blocks) = moment(snap, stacks, &phases, d, peak_t);

@@ -291,11 +291,28 @@ impl Snapshot {
         ids.dedup();
         ids
     }
+    /// Indices into `segments` of each device's segments, in one pass: per-device work must not
+    /// scan every segment once per device (a file may list 100 000 devices).
+    pub fn segments_by_device(&self) -> BTreeMap<u32, Vec<usize>> {
+        let mut by: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+        for (k, s) in self.segments.iter().enumerate() {
+            by.entry(s.device).or_default().push(k);
+        }
+        by
+    }
+    /// Each device's annotations in file order, in one pass (see [`Snapshot::segments_by_device`]).
+    pub fn annotations_by_device(&self) -> BTreeMap<u32, Vec<Annotation>> {
+        let mut by: BTreeMap<u32, Vec<Annotation>> = BTreeMap::new();
+        for a in &self.annotations {
+            by.entry(a.device).or_default().push(a.clone());
+        }
+        by
+    }
     pub fn trace(&self, device: u32) -> Option<&DeviceTrace> {
         // Traces are stored at their device index; the scan is only a fallback.
         match self.traces.get(device as usize) {
             Some(t) if t.device == device => Some(t),
-            _ => self.traces.iter().find(|t| t.device == device),
+            _ => find_device(&self.traces, device, |t| t.device),
         }
     }
 }
@@ -381,4 +398,10 @@ pub fn format_bytes(b: u64, decimals: usize) -> String {
     } else {
         format!("{v:.decimals$} {}", UNITS[u])
     }
+}
+
+/// The entry for `device` in a table sorted by device (every per-device table in memsnap is), in
+/// O(log n): a lookup per device must not make per-device work quadratic.
+pub fn find_device<T>(sorted: &[T], device: u32, key: impl Fn(&T) -> u32) -> Option<&T> {
+    sorted.binary_search_by_key(&device, key).ok().map(|i| &sorted[i])
 }

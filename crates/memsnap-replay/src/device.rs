@@ -16,10 +16,9 @@ use crate::unit::{replay_group, Effects, EndSegment, GroupOutcome, Outcome, Unit
 /// Each group reads the whole trace once, so more groups than cores only costs.
 const MAX_GROUPS: usize = 64;
 
-pub(crate) fn replay_device(snapshot: &Snapshot, device: u32, rules: &Rules) -> DeviceReplay {
+/// Replay one device; `final_indices` are its segments' indices in the snapshot.
+pub(crate) fn replay_device(snapshot: &Snapshot, device: u32, final_indices: &[usize], rules: &Rules) -> DeviceReplay {
     let events: &[TraceEvent] = snapshot.trace(device).map_or(&[], |t| &t.events);
-    let final_indices: Vec<usize> =
-        snapshot.segments.iter().enumerate().filter(|(_, s)| s.device == device).map(|(k, _)| k).collect();
     let finals: Vec<&Segment> = final_indices.iter().map(|&k| &snapshot.segments[k]).collect();
     let mut log = Log::default();
 
@@ -32,7 +31,7 @@ pub(crate) fn replay_device(snapshot: &Snapshot, device: u32, rules: &Rules) -> 
         })
         .collect();
     let reserved = reserved_at_start(&finals, events, &segment_events, &mut log);
-    let (units, owner) = route(&snapshot.segments, &final_indices, events, &segment_events, &reserved, &mut log);
+    let (units, owner) = route(&snapshot.segments, final_indices, events, &segment_events, &reserved, &mut log);
 
     let groups = balance(&units);
     let effects = Effects::new(events.len());

@@ -51,6 +51,13 @@ pub fn replay(snapshot: &Snapshot) -> Replay {
 /// Replay with explicit allocator rules (e.g. when the file lacks its settings).
 pub fn replay_with(snapshot: &Snapshot, rules: &Rules) -> Replay {
     let devices = snapshot.device_ids();
-    let devices = devices.par_iter().map(|&d| device::replay_device(snapshot, d, rules)).collect();
+    let segments = snapshot.segments_by_device();
+    let devices = devices
+        .par_iter()
+        .map(|&d| {
+            let finals = segments.get(&d).map_or(&[][..], |v| &v[..]);
+            device::replay_device(snapshot, d, finals, rules)
+        })
+        .collect();
     Replay { devices }
 }

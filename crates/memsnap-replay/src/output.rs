@@ -315,6 +315,6 @@ pub struct Replay {
 
 impl Replay {
     pub fn device(&self, device: u32) -> Option<&DeviceReplay> {
-        self.devices.iter().find(|d| d.device == device)
+        memsnap_model::find_device(&self.devices, device, |d| d.device)
     }
 }

@@ -211,11 +211,15 @@ pub fn live_folded(snap: &Snapshot, stacks: &StackTable, blocks: &[LiveBlock], m
 pub fn build(input: &ReportInput<'_>, opts: &ReportOptions) -> Report {
     let snap = input.snapshot;
     let analysis = input.analysis;
+    let annotations = snap.annotations_by_device();
     let devices: Vec<DeviceReport> = analysis
         .devices
         .par_iter()
         .filter_map(|da| input.replay.device(da.device).map(|d| (da, d)))
-        .map(|(da, d)| device_report(snap, analysis, da, d, opts))
+        .map(|(da, d)| {
+            let annotations = annotations.get(&da.device).map_or(&[][..], |a| &a[..]);
+            device_report(snap, analysis, da, d, annotations, opts)
+        })
         .collect();
     let events: usize = snap.traces.iter().map(|t| t.events.len()).sum();
     let subtitle = format!(
@@ -249,12 +253,12 @@ fn device_report(
     analysis: &Analysis,
     da: &DeviceAnalysis,
     d: &DeviceReplay,
+    annotations: &[memsnap_model::Annotation],
     opts: &ReportOptions,
 ) -> DeviceReport {
     let stacks = &analysis.stacks;
     let events = snap.trace(d.device).map_or(&[][..], |t| &t.events[..]);
-    let annotations: Vec<_> = snap.annotations.iter().filter(|a| a.device == d.device).cloned().collect();
-    let phases = find_phases(events, stacks, &annotations);
+    let phases = find_phases(events, stacks, annotations);
 
     let timeline = timeline::sample(snap, stacks, &phases, d, da, opts.max_points, opts.top_sites, opts.x_axis)
         .map(|t| Figure::from_svg(timeline::render(&t, opts.width as u32), opts.width));
