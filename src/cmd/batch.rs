@@ -16,6 +16,7 @@ use std::sync::mpsc;
 
 use anyhow::Context;
 use memsnap_analysis::{Site, Suspect};
+use memsnap_model::{escape_controls, json_safe, printable, shown};
 use serde_json::{json, Value};
 
 use crate::cmd::analyze::{analyze_file, Analyzed};
@@ -102,9 +103,10 @@ pub fn load_error_text(e: &LoadError) -> String {
     }
 }
 
-/// A site as one short string: `file.py:12 (function)`, or `-` without a user frame.
+/// A site as one short string: `file.py:12 (function)`, or `-` without a user frame. The names
+/// are [`shown`]: clipped, control and bidi characters escaped.
 fn site_text(site: Option<&Site>) -> String {
-    site.map_or_else(|| "-".to_string(), |s| format!("{}:{} ({})", s.filename, s.line, s.function))
+    site.map_or_else(|| "-".to_string(), |s| format!("{}:{} ({})", shown(&s.filename), s.line, shown(&s.function)))
 }
 
 /// What one row says about a readable file.
@@ -249,6 +251,20 @@ fn row_json(row: &Row) -> Value {
     v
 }
 
+/// A cell of untrusted text (a path, sites, caveats, an error message): control and bidi
+/// characters as visible escapes, and a cell a spreadsheet would read as a formula (starting
+/// with `=`, `+`, `-`, `@`, tab or CR) prefixed with `'`, as OWASP advises. memsnap's own
+/// placeholder `-` (no user frame) stays as it is. Numeric cells are memsnap's and never go
+/// through here.
+fn text_cell(s: &str) -> String {
+    let s = printable(s);
+    if s != "-" && s.starts_with(['=', '+', '-', '@', '\t', '\r']) {
+        format!("'{s}")
+    } else {
+        s.into_owned()
+    }
+}
+
 fn csv_field(s: &str) -> String {
     if s.contains([',', '"', '\n', '\r']) {
         format!("\"{}\"", s.replace('"', "\"\""))
@@ -261,13 +277,13 @@ fn row_csv(row: &Row) -> String {
     let opt = |v: Option<u64>| v.map_or(String::new(), |v| v.to_string());
     let cells: Vec<String> = match &row.result {
         Err(e) => {
-            let mut c = vec![row.path.clone(), opt(row.file_bytes)];
+            let mut c = vec![text_cell(&row.path), opt(row.file_bytes)];
             c.resize(CSV_COLUMNS.len() - 1, String::new());
-            c.push(e.clone());
+            c.push(text_cell(e));
             c
         }
         Ok(f) => vec![
-            row.path.clone(),
+            text_cell(&row.path),
             opt(row.file_bytes),
             f.pickle_bytes.to_string(),
             f.compression.to_string(),
@@ -280,8 +296,8 @@ fn row_csv(row: &Row) -> String {
             f.peak_device().map_or(String::new(), |d| d.device.to_string()),
             f.suspect_count.to_string(),
             f.top_suspects.iter().map(|s| s.kind.name()).collect::<Vec<_>>().join(";"),
-            f.top_suspects.iter().map(|s| site_text(s.site.as_ref())).collect::<Vec<_>>().join(";"),
-            f.caveats.join(" | "),
+            text_cell(&f.top_suspects.iter().map(|s| site_text(s.site.as_ref())).collect::<Vec<_>>().join(";")),
+            text_cell(&f.caveats.join(" | ")),
             String::new(),
         ],
     };
@@ -540,6 +556,15 @@ fn default_budget() -> u64 {
     (available_memory().unwrap_or(12 << 30) / 3).max(256 << 20)
 }
 
+/// One row as the line written: JSON with the characters that could drive a terminal as `\u`
+/// escapes (the values unchanged), or CSV with the safety net of text output.
+fn row_line(row: &Row, format: Format) -> anyhow::Result<String> {
+    Ok(match format {
+        Format::Jsonl => json_safe(&serde_json::to_string(&row_json(row))?).into_owned() + "\n",
+        Format::Csv => escape_controls(&row_csv(row)).into_owned(),
+    })
+}
+
 /// The row writer, its format, a name for the summary line, and whether it is stdout.
 fn open_output(args: &Args) -> anyhow::Result<(Box<dyn Write>, Format, String, bool)> {
     match &args.output {
@@ -547,7 +572,7 @@ fn open_output(args: &Args) -> anyhow::Result<(Box<dyn Write>, Format, String, b
             let ext_csv = p.extension().is_some_and(|e| e.eq_ignore_ascii_case("csv"));
             let format = args.format.unwrap_or(if ext_csv { Format::Csv } else { Format::Jsonl });
             let f = File::create(p).with_context(|| format!("cannot create {}", p.display()))?;
-            Ok((Box::new(BufWriter::new(f)), format, p.display().to_string(), false))
+            Ok((Box::new(BufWriter::new(f)), format, printable(&p.display().to_string()).into_owned(), false))
         }
         _ => Ok((Box::new(BufWriter::new(io::stdout())), args.format.unwrap_or(Format::Jsonl), "stdout".into(), true)),
     }
@@ -646,11 +671,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         // Write every row whose predecessors are all written.
         while let Some(row) = done.remove(&written) {
             errors += usize::from(row.result.is_err());
-            let line = match format {
-                Format::Jsonl => serde_json::to_string(&row_json(&row))? + "\n",
-                Format::Csv => row_csv(&row),
-            };
-            out.write_all(line.as_bytes())?;
+            out.write_all(row_line(&row, format)?.as_bytes())?;
             written += 1;
         }
         if running == 0 {
@@ -659,7 +680,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         let (index, row, cost) = rx.recv().context("a batch worker stopped")?;
         running -= 1;
         in_flight -= cost;
-        progress.set_message(row.path.clone());
+        progress.set_message(printable(&row.path).into_owned());
         progress.inc(1);
         done.insert(index, row);
     }
@@ -688,6 +709,24 @@ mod tests {
         }
         for no in ["a.json", "a.truth.json", "a.txt", "README.md", "a.pt", "a.pickle.json", "pickle", "a.gz"] {
             assert!(!is_snapshot_name(no), "{no}");
+        }
+    }
+
+    #[test]
+    fn csv_text_cells_are_escaped_and_cannot_be_formulas() {
+        for (cell, want) in [
+            ("=1+2", "'=1+2"),
+            ("+cmd", "'+cmd"),
+            ("-2+3", "'-2+3"),
+            ("@SUM(A1)", "'@SUM(A1)"),
+            // Escaped first: a tab or CR is no longer the first character, but a backslash.
+            ("\tx", "\\tx"),
+            ("-", "-"),
+            ("-;train.py:3 (f)", "'-;train.py:3 (f)"),
+            ("train.py:3 (f)", "train.py:3 (f)"),
+            ("a\x1b[2J\nb", "a\\x1b[2J\\nb"),
+        ] {
+            assert_eq!(text_cell(cell), want, "{cell:?}");
         }
     }
 
