@@ -4,6 +4,7 @@
 mod cmd;
 mod input;
 mod load;
+mod output;
 mod size;
 
 use std::process::ExitCode;

@@ -4,7 +4,6 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::Context as _;
 use memsnap_report::timeline::XAxis;
 use memsnap_report::{ReportInput, ReportOptions};
 
@@ -96,7 +95,8 @@ pub enum Content {
     Text,
 }
 
-/// Write `text` to `path`, or to stdout for `-`.
+/// Write `text` to `path`, whole or not at all ([`crate::output::write_file`]), or to stdout
+/// for `-`.
 pub fn write_output(path: &Path, text: &str, content: Content) -> anyhow::Result<()> {
     let text = match content {
         Content::Markup => std::borrow::Cow::Borrowed(text),
@@ -105,5 +105,5 @@ pub fn write_output(path: &Path, text: &str, content: Content) -> anyhow::Result
     if path.as_os_str() == "-" {
         return emit_raw(&text);
     }
-    std::fs::write(path, text.as_bytes()).with_context(|| format!("cannot write {}", path.display()))
+    crate::output::write_file(path, text.as_bytes())
 }
