@@ -1,4 +1,5 @@
-//! Output files (`report -o`, `flamegraph -o`): a file is replaced whole or not at all. The new contents go to a temporary file in the target's directory, which is flushed,
+//! Output files (`report -o`, `flamegraph -o`, `batch -o`): a file is replaced whole or not at
+//! all. The new contents go to a temporary file in the target's directory, which is flushed,
 //! synced and renamed over the target only when everything was written; on any failure the
 //! target keeps its old contents and the temporary file is removed. A symbolic link at the
 //! target is replaced by the new file (rename semantics): what it pointed to is not written.
@@ -11,7 +12,7 @@
 
 use std::fs::{File, OpenOptions, Permissions};
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context as _};
 
@@ -112,4 +113,23 @@ fn temp_for(path: &Path, keep: Option<Permissions>) -> anyhow::Result<tempfile::
         tmp.as_file().set_permissions(p).with_context(|| format!("cannot create {}", path.display()))?;
     }
     Ok(tmp)
+}
+
+/// `OUT.partial`: where `batch -o OUT` keeps its finished rows while it runs.
+pub fn partial_path(target: &Path) -> PathBuf {
+    let mut name = target.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    name.push(".partial");
+    target.with_file_name(name)
+}
+
+/// Rename a finished `from` (in `to`'s directory) over `to`, keeping the permissions of a
+/// regular file there.
+pub fn replace_with(from: &Path, file: &File, to: &Path, keep: Option<Permissions>) -> anyhow::Result<()> {
+    file.sync_all().with_context(|| format!("cannot write {}", from.display()))?;
+    if let Some(p) = keep {
+        file.set_permissions(p).with_context(|| format!("cannot set the permissions of {}", from.display()))?;
+    }
+    std::fs::rename(from, to).with_context(|| format!("cannot rename {} to {}", from.display(), to.display()))?;
+    sync_dir(to);
+    Ok(())
 }

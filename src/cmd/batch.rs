@@ -7,8 +7,8 @@
 //! memory at once than fit. Rows are written in input order whatever the thread count or timing:
 //! the output is byte-identical for every `--jobs`. See docs/batch.md.
 
-use std::collections::{BTreeMap, HashSet};
-use std::fs::File;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs::{File, OpenOptions, Permissions};
 use std::io::{self, BufWriter, IsTerminal, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -23,6 +23,7 @@ use crate::cmd::analyze::{analyze_file, Analyzed};
 use crate::cmd::summary::lacks;
 use crate::input::{max_decompressed, Compression};
 use crate::load::LoadError;
+use crate::output::{self, Destination};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
@@ -40,8 +41,15 @@ pub struct Args {
     #[arg(required = true, value_name = "PATH")]
     pub paths: Vec<PathBuf>,
     /// Where to write the rows; `.csv` writes CSV, anything else JSON Lines. Default: stdout.
+    /// FILE is replaced only when the batch is done; meanwhile finished rows are kept in
+    /// `FILE.partial`.
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
+    /// Continue an interrupted run with `-o FILE` (same arguments): keep the complete rows in
+    /// `FILE.partial` and read only the inputs it has no row for. The result is the same bytes
+    /// as an uninterrupted run.
+    #[arg(long)]
+    pub resume: bool,
     /// Row format, overriding the output file's extension.
     #[arg(long, value_enum)]
     pub format: Option<Format>,
@@ -565,17 +573,208 @@ fn row_line(row: &Row, format: Format) -> anyhow::Result<String> {
     })
 }
 
-/// The row writer, its format, a name for the summary line, and whether it is stdout.
-fn open_output(args: &Args) -> anyhow::Result<(Box<dyn Write>, Format, String, bool)> {
-    match &args.output {
-        Some(p) if p.as_os_str() != "-" => {
-            let ext_csv = p.extension().is_some_and(|e| e.eq_ignore_ascii_case("csv"));
-            let format = args.format.unwrap_or(if ext_csv { Format::Csv } else { Format::Jsonl });
-            let f = File::create(p).with_context(|| format!("cannot create {}", p.display()))?;
-            Ok((Box::new(BufWriter::new(f)), format, printable(&p.display().to_string()).into_owned(), false))
+fn csv_header() -> String {
+    CSV_COLUMNS.join(",") + "\n"
+}
+
+/// Where the rows go.
+enum Sink {
+    Stdout(BufWriter<io::Stdout>),
+    /// A device or descriptor name (`/dev/stdout`), written in place.
+    InPlace {
+        file: File,
+        path: PathBuf,
+    },
+    /// `OUT.partial`: whole rows, one write each, renamed over `OUT` at the end.
+    Partial {
+        file: File,
+        partial: PathBuf,
+        target: PathBuf,
+        keep: Option<Permissions>,
+    },
+}
+
+impl Sink {
+    fn write(&mut self, line: &str) -> anyhow::Result<()> {
+        match self {
+            Sink::Stdout(w) => w.write_all(line.as_bytes()).context("cannot write to stdout"),
+            Sink::InPlace { file, path } | Sink::Partial { file, partial: path, .. } => {
+                file.write_all(line.as_bytes()).with_context(|| format!("cannot write {}", path.display()))
+            }
         }
-        _ => Ok((Box::new(BufWriter::new(io::stdout())), args.format.unwrap_or(Format::Jsonl), "stdout".into(), true)),
     }
+
+    fn finish(self) -> anyhow::Result<()> {
+        match self {
+            Sink::Stdout(mut w) => w.flush().context("cannot write to stdout"),
+            Sink::InPlace { mut file, path } => {
+                file.flush().with_context(|| format!("cannot write {}", path.display()))
+            }
+            Sink::Partial { file, partial, target, keep } => output::replace_with(&partial, &file, &target, keep),
+        }
+    }
+}
+
+/// What `--resume` found in `OUT.partial`.
+#[derive(Default)]
+struct Resumed {
+    /// The rows of inputs `0..prefix` are in the file already, in order; `prefix_errors` of
+    /// them are error rows.
+    prefix: usize,
+    prefix_errors: usize,
+    /// Rows of later inputs (by [`input_key`]), reused as they are: (line, is an error row).
+    later: HashMap<String, (String, bool)>,
+    /// Complete rows found in the file.
+    found: usize,
+}
+
+/// What identifies an input's row: its `path` as the row writes it.
+fn input_key(shown: &str, format: Format) -> String {
+    match format {
+        Format::Jsonl => shown.to_string(),
+        Format::Csv => csv_field(&text_cell(shown)),
+    }
+}
+
+/// The first cell of a CSV line as written (quotes included).
+fn first_csv_cell(line: &str) -> Option<&str> {
+    let Some(rest) = line.strip_prefix('"') else {
+        return line.find(',').map(|i| &line[..i]);
+    };
+    let b = rest.as_bytes();
+    let mut i = 0;
+    loop {
+        match b.get(i)? {
+            b'"' if b.get(i + 1) == Some(&b'"') => i += 2,
+            b'"' => return Some(&line[..i + 2]),
+            _ => i += 1,
+        }
+    }
+}
+
+/// The key of a written row and whether it is an error row; `None` when the line is not one.
+fn row_key(line: &str, format: Format) -> Option<(String, bool)> {
+    match format {
+        Format::Jsonl => {
+            let v: Value = serde_json::from_str(line).ok()?;
+            Some((v.get("path")?.as_str()?.to_string(), !v.get("error")?.is_null()))
+        }
+        // An error row ends with its message; every other row with an empty `error` cell.
+        Format::Csv => Some((first_csv_cell(line)?.to_string(), !line.ends_with(",\n"))),
+    }
+}
+
+/// Open `partial` to continue it: keep its complete rows (a torn last line is dropped), find
+/// which inputs they are the rows of, and cut the file after the ones that come first in input
+/// order (later rows are kept in memory and written again in their place). Returns the file,
+/// positioned at its end, whether it holds the CSV header, and what was found. `None`: there
+/// is no such file.
+fn reopen_partial(partial: &Path, format: Format, keys: &[String]) -> anyhow::Result<Option<(File, bool, Resumed)>> {
+    let bytes = match std::fs::read(partial) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", partial.display())),
+    };
+    let mut lines = bytes.split_inclusive(|&b| b == b'\n').filter(|l| l.ends_with(b"\n"));
+    let mut kept_bytes = 0usize;
+    let mut has_header = false;
+    let not_rows =
+        |what: &str| anyhow::anyhow!("--resume: {} {what}; remove it or run without --resume", partial.display());
+    if format == Format::Csv {
+        if let Some(h) = lines.next() {
+            if h != csv_header().as_bytes() {
+                return Err(not_rows("does not start with the CSV header of batch rows"));
+            }
+            kept_bytes += h.len();
+            has_header = true;
+        }
+    }
+    let mut rows: Vec<(String, &str, bool)> = Vec::new();
+    for l in lines {
+        // A line that is not a row (a torn write, or something else) ends what is kept.
+        let Some((key, is_error, text)) =
+            std::str::from_utf8(l).ok().and_then(|t| row_key(t, format).map(|(k, e)| (k, e, t)))
+        else {
+            if rows.is_empty() && format == Format::Jsonl {
+                return Err(not_rows("does not hold JSON Lines rows of a batch"));
+            }
+            break;
+        };
+        rows.push((key, text, is_error));
+    }
+    let prefix = rows.iter().zip(keys).take_while(|((k, _, _), key)| k == *key).count();
+    kept_bytes += rows[..prefix].iter().map(|r| r.1.len()).sum::<usize>();
+    let mut resumed = Resumed {
+        prefix,
+        prefix_errors: rows[..prefix].iter().filter(|r| r.2).count(),
+        later: HashMap::new(),
+        found: rows.len(),
+    };
+    for (key, text, is_error) in rows.into_iter().skip(prefix) {
+        resumed.later.entry(key).or_insert_with(|| (text.to_string(), is_error));
+    }
+    let file =
+        OpenOptions::new().append(true).open(partial).with_context(|| format!("cannot open {}", partial.display()))?;
+    file.set_len(kept_bytes as u64).with_context(|| format!("cannot write {}", partial.display()))?;
+    Ok(Some((file, has_header, resumed)))
+}
+
+/// The row writer, its format, a name for the summary line, whether it is stdout, and what
+/// `--resume` found. `keys` are the inputs' [`input_key`]s, in order.
+fn open_output(
+    args: &Args,
+    keys_of: impl Fn(Format) -> Vec<String>,
+) -> anyhow::Result<(Sink, Format, String, bool, Resumed)> {
+    let Some(p) = args.output.as_ref().filter(|p| p.as_os_str() != "-") else {
+        anyhow::ensure!(!args.resume, "--resume needs -o FILE: rows written to stdout cannot be resumed");
+        let mut sink = Sink::Stdout(BufWriter::new(io::stdout()));
+        let format = args.format.unwrap_or(Format::Jsonl);
+        if format == Format::Csv {
+            sink.write(&csv_header())?;
+        }
+        return Ok((sink, format, "stdout".into(), true, Resumed::default()));
+    };
+    let ext_csv = p.extension().is_some_and(|e| e.eq_ignore_ascii_case("csv"));
+    let format = args.format.unwrap_or(if ext_csv { Format::Csv } else { Format::Jsonl });
+    let name = printable(&p.display().to_string()).into_owned();
+    let (mut sink, has_header, resumed) = match output::destination(p)? {
+        Destination::InPlace => {
+            anyhow::ensure!(
+                !args.resume,
+                "--resume: {} is a device or descriptor, not a file: there is nothing to resume",
+                p.display()
+            );
+            let file = OpenOptions::new()
+                .write(true)
+                .truncate(true)
+                .open(p)
+                .with_context(|| format!("cannot open {}", p.display()))?;
+            (Sink::InPlace { file, path: p.clone() }, false, Resumed::default())
+        }
+        Destination::Replace { keep } => {
+            let partial = output::partial_path(p);
+            let reopened = if args.resume { reopen_partial(&partial, format, &keys_of(format))? } else { None };
+            if args.resume && reopened.is_none() {
+                eprintln!(
+                    "memsnap batch: no {} to resume: reading every input",
+                    printable(&partial.display().to_string())
+                );
+            }
+            let (file, has_header, resumed) = match reopened {
+                Some(r) => r,
+                None => {
+                    let file =
+                        File::create(&partial).with_context(|| format!("cannot create {}", partial.display()))?;
+                    (file, false, Resumed::default())
+                }
+            };
+            (Sink::Partial { file, partial, target: p.clone(), keep }, has_header, resumed)
+        }
+    };
+    if format == Format::Csv && !has_header {
+        sink.write(&csv_header())?;
+    }
+    Ok((sink, format, name, false, resumed))
 }
 
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
@@ -587,10 +786,33 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     for arg in &args.paths {
         disc.add_arg(arg);
     }
-    let (mut out, format, out_name, to_stdout) = open_output(args)?;
-    if format == Format::Csv {
-        writeln!(out, "{}", CSV_COLUMNS.join(","))?;
+    let (mut out, format, out_name, to_stdout, mut resumed) = open_output(args, |format| {
+        disc.inputs
+            .iter()
+            .map(|i| match i {
+                Input::File { shown, .. } | Input::Error { shown, .. } => input_key(shown, format),
+            })
+            .collect()
+    })?;
+    // Inputs whose rows an interrupted run already wrote are not read again: the first
+    // `resumed.prefix` are in the file, later ones are written again from `reused`.
+    let mut reused: BTreeMap<usize, (String, bool)> = BTreeMap::new();
+    let mut inputs: Vec<Input> = Vec::new();
+    for (i, input) in std::mem::take(&mut disc.inputs).into_iter().enumerate() {
+        if i < resumed.prefix {
+            continue;
+        }
+        let shown = match &input {
+            Input::File { shown, .. } | Input::Error { shown, .. } => shown,
+        };
+        match resumed.later.remove(&input_key(shown, format)) {
+            Some(line) => {
+                reused.insert(i, line);
+            }
+            None => inputs.push(input),
+        }
     }
+    let kept = resumed.prefix + reused.len();
 
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(jobs)
@@ -598,7 +820,6 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         .stack_size(8 << 20)
         .thread_name(|i| format!("memsnap-batch-{i}"))
         .build()?;
-    let inputs = disc.inputs;
     // On a terminal only, and not when the rows themselves go to the same terminal.
     let rows_on_terminal = to_stdout && io::stdout().is_terminal();
     let progress = if io::stderr().is_terminal() && !rows_on_terminal {
@@ -622,8 +843,9 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let (tx, rx) = mpsc::channel::<(usize, Row, u64)>();
     let (mut next, mut running, mut in_flight) = (0usize, 0usize, 0u64);
     let mut next_cost: Option<u64> = None;
+    // Rows by their index in `inputs`; `written` counts rows over all inputs (resumed ones too).
     let mut done: BTreeMap<usize, Row> = BTreeMap::new();
-    let (mut written, mut errors) = (0usize, 0usize);
+    let (mut written, mut written_read, mut errors) = (resumed.prefix, 0usize, resumed.prefix_errors);
     loop {
         while next < inputs.len() {
             match &inputs[next] {
@@ -668,11 +890,20 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             }
             next += 1;
         }
-        // Write every row whose predecessors are all written.
-        while let Some(row) = done.remove(&written) {
+        // Write every row whose predecessors are all written: a row kept from the partial
+        // file, or the next row read.
+        loop {
+            if let Some((line, is_error)) = reused.remove(&written) {
+                errors += usize::from(is_error);
+                out.write(&line)?;
+                written += 1;
+                continue;
+            }
+            let Some(row) = done.remove(&written_read) else { break };
             errors += usize::from(row.result.is_err());
-            out.write_all(row_line(&row, format)?.as_bytes())?;
+            out.write(&row_line(&row, format)?)?;
             written += 1;
+            written_read += 1;
         }
         if running == 0 {
             break;
@@ -684,15 +915,24 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         progress.inc(1);
         done.insert(index, row);
     }
-    out.flush()?;
     progress.finish_and_clear();
+    out.finish()?;
 
     let skipped = if disc.skipped > 0 {
         format!("; {} other files in the directories skipped by name", disc.skipped)
     } else {
         String::new()
     };
-    eprintln!("memsnap batch: {written} rows ({errors} unreadable) written to {out_name}{skipped}");
+    let kept = if args.resume {
+        format!(
+            "; {kept} of them kept from {} ({} complete rows found)",
+            printable(&output::partial_path(args.output.as_deref().unwrap_or(Path::new("-"))).display().to_string()),
+            resumed.found
+        )
+    } else {
+        String::new()
+    };
+    eprintln!("memsnap batch: {written} rows ({errors} unreadable) written to {out_name}{kept}{skipped}");
     Ok(if errors > 0 { ExitCode::from(2) } else { ExitCode::SUCCESS })
 }
 
