@@ -5,7 +5,9 @@
 //! Files are analysed on a pool of `--jobs` threads. They are admitted in input order against a
 //! budget of pickle bytes in flight, so an archive of multi-GB dumps never has more of them in
 //! memory at once than fit. Rows are written in input order whatever the thread count or timing:
-//! the output is byte-identical for every `--jobs`. See docs/batch.md.
+//! the output is byte-identical for every `--jobs`. With `-o OUT` the rows go to `OUT.partial`,
+//! which replaces OUT at the end, and `--resume` continues an interrupted run from it to the same
+//! bytes. See docs/batch.md.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{File, OpenOptions, Permissions};
@@ -20,6 +22,7 @@ use memsnap_model::{escape_controls, json_safe, printable, shown};
 use serde_json::{json, Value};
 
 use crate::cmd::analyze::{analyze_file, Analyzed};
+use crate::cmd::shown_path;
 use crate::cmd::summary::lacks;
 use crate::input::{max_decompressed, Compression};
 use crate::load::LoadError;
@@ -736,7 +739,7 @@ fn open_output(
     };
     let ext_csv = p.extension().is_some_and(|e| e.eq_ignore_ascii_case("csv"));
     let format = args.format.unwrap_or(if ext_csv { Format::Csv } else { Format::Jsonl });
-    let name = printable(&p.display().to_string()).into_owned();
+    let name = shown_path(p);
     let (mut sink, has_header, resumed) = match output::destination(p)? {
         Destination::InPlace => {
             anyhow::ensure!(
@@ -755,10 +758,7 @@ fn open_output(
             let partial = output::partial_path(p);
             let reopened = if args.resume { reopen_partial(&partial, format, &keys_of(format))? } else { None };
             if args.resume && reopened.is_none() {
-                eprintln!(
-                    "memsnap batch: no {} to resume: reading every input",
-                    printable(&partial.display().to_string())
-                );
+                eprintln!("memsnap batch: no {} to resume: reading every input", shown_path(&partial));
             }
             let (file, has_header, resumed) = match reopened {
                 Some(r) => r,
@@ -923,14 +923,14 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     } else {
         String::new()
     };
-    let kept = if args.resume {
-        format!(
+    // `--resume` has an output file (open_output made sure).
+    let kept = match args.output.as_deref().filter(|_| args.resume) {
+        Some(p) => format!(
             "; {kept} of them kept from {} ({} complete rows found)",
-            printable(&output::partial_path(args.output.as_deref().unwrap_or(Path::new("-"))).display().to_string()),
+            shown_path(&output::partial_path(p)),
             resumed.found
-        )
-    } else {
-        String::new()
+        ),
+        None => String::new(),
     };
     eprintln!("memsnap batch: {written} rows ({errors} unreadable) written to {out_name}{kept}{skipped}");
     Ok(if errors > 0 { ExitCode::from(2) } else { ExitCode::SUCCESS })
