@@ -6,6 +6,7 @@ mod cmd;
 mod input;
 mod json_stream;
 mod load;
+mod output;
 mod size;
 
 use std::process::ExitCode;

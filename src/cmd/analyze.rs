@@ -6,11 +6,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use memsnap_analysis::{Analysis, Category, Moment, Site, Suspect};
+use memsnap_model::{clip, printable, shown};
 use memsnap_replay::Replay;
 use serde_json::{json, Value};
 
-use crate::cmd::emit;
 use crate::cmd::summary::{file_name, lacks};
+use crate::cmd::{emit, shown_path};
 use crate::load::Loaded;
 
 #[derive(clap::Args)]
@@ -178,17 +179,16 @@ fn write_analysis_json(out: &mut dyn std::io::Write, a: &Analyzed) -> std::io::R
 fn analysis_text(a: &Analyzed, top: usize) -> String {
     let snap = &a.loaded.snapshot;
     let mut s = String::new();
-    let _ = writeln!(s, "memsnap analyze: {}", a.loaded.path.display());
+    let _ = writeln!(s, "memsnap analyze: {}", shown_path(&a.loaded.path));
     let suspects = a.analysis.suspects();
     let _ = writeln!(s, "\nVERDICT");
     if suspects.is_empty() {
         let _ = writeln!(s, "  No suspects: no leak, fragmentation or OOM found.");
     }
     for (i, sp) in suspects.iter().enumerate() {
-        let site = sp
-            .site
-            .as_ref()
-            .map_or("(no user frame)".to_string(), |x| format!("{}:{} in {}", x.filename, x.line, x.function));
+        let site = sp.site.as_ref().map_or("(no user frame)".to_string(), |x| {
+            format!("{}:{} in {}", shown(&x.filename), x.line, shown(&x.function))
+        });
         let growth = sp
             .growth_bytes_per_iteration
             .map_or(String::new(), |g| format!(", +{}/{}", fmt_bytes(g), sp.growth_unit.name()));
@@ -204,8 +204,8 @@ fn analysis_text(a: &Analyzed, top: usize) -> String {
             growth,
             site
         );
-        let _ = writeln!(s, "     evidence: {}", sp.evidence);
-        let _ = writeln!(s, "     fix: {}", sp.advice);
+        let _ = writeln!(s, "     evidence: {}", printable(&sp.evidence));
+        let _ = writeln!(s, "     fix: {}", printable(&sp.advice));
     }
     for da in &a.analysis.devices {
         let r = a.replay.device(da.device);
@@ -236,8 +236,8 @@ fn analysis_text(a: &Analyzed, top: usize) -> String {
             "  phases: {} iterations ({}), {} backward passes, {} forward passes, {} evaluation windows, {} optimizer steps",
             p.iterations,
             match (&p.iteration_site, &p.iteration_annotation) {
-                (Some(site), _) => format!("by {:?} at {}", p.iteration_source, site.short()).to_lowercase(),
-                (None, Some(n)) => format!("by annotation {n:?}"),
+                (Some(site), _) => format!("by {:?} at {}", p.iteration_source, printable(&site.short())).to_lowercase(),
+                (None, Some(n)) => format!("by annotation {}", printable(&format!("{:?}", clip(n)))),
                 _ => "none found".into(),
             },
             p.backward_passes,
@@ -254,7 +254,13 @@ fn analysis_text(a: &Analyzed, top: usize) -> String {
                 fmt_bytes(m.reserved)
             );
             for site in m.by_site.iter().take(top) {
-                let _ = writeln!(s, "    {:>12}  {:>6} blocks  {}", fmt_bytes(site.bytes), site.blocks, site.label);
+                let _ = writeln!(
+                    s,
+                    "    {:>12}  {:>6} blocks  {}",
+                    fmt_bytes(site.bytes),
+                    site.blocks,
+                    printable(&site.label)
+                );
             }
             if m.by_site.len() > top {
                 let rest = &m.by_site[top..];
@@ -287,7 +293,7 @@ fn analysis_text(a: &Analyzed, top: usize) -> String {
         if !da.caveats.is_empty() {
             let _ = writeln!(s, "\n  Caveats:");
             for c in &da.caveats {
-                let _ = writeln!(s, "    - {c}");
+                let _ = writeln!(s, "    - {}", printable(c));
             }
         }
     }
@@ -295,7 +301,7 @@ fn analysis_text(a: &Analyzed, top: usize) -> String {
     if !file_caveats.is_empty() {
         let _ = writeln!(s, "\nFILE CAVEATS");
         for c in file_caveats {
-            let _ = writeln!(s, "  - {c}");
+            let _ = writeln!(s, "  - {}", printable(&c));
         }
     }
     s

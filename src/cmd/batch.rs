@@ -5,10 +5,12 @@
 //! Files are analysed on a pool of `--jobs` threads. They are admitted in input order against a
 //! budget of pickle bytes in flight, so an archive of multi-GB dumps never has more of them in
 //! memory at once than fit. Rows are written in input order whatever the thread count or timing:
-//! the output is byte-identical for every `--jobs`. See docs/batch.md.
+//! the output is byte-identical for every `--jobs`. With `-o OUT` the rows go to `OUT.partial`,
+//! which replaces OUT at the end, and `--resume` continues an interrupted run from it to the same
+//! bytes. See docs/batch.md.
 
-use std::collections::{BTreeMap, HashSet};
-use std::fs::File;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs::{File, OpenOptions, Permissions};
 use std::io::{self, BufWriter, IsTerminal, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -16,12 +18,15 @@ use std::sync::mpsc;
 
 use anyhow::Context;
 use memsnap_analysis::{Site, Suspect};
+use memsnap_model::{escape_controls, json_safe, printable, shown};
 use serde_json::{json, Value};
 
 use crate::cmd::analyze::{analyze_file_capped, Analyzed};
+use crate::cmd::shown_path;
 use crate::cmd::summary::lacks;
 use crate::input::{Compression, EXPANSION_ALLOWANCE, MAX_EXPANSION};
 use crate::load::LoadError;
+use crate::output::{self, Destination};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
@@ -39,8 +44,15 @@ pub struct Args {
     #[arg(required = true, value_name = "PATH")]
     pub paths: Vec<PathBuf>,
     /// Where to write the rows; `.csv` writes CSV, anything else JSON Lines. Default: stdout.
+    /// FILE is replaced only when the batch is done; meanwhile finished rows are kept in
+    /// `FILE.partial`.
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
+    /// Continue an interrupted run with `-o FILE` (same arguments): keep the complete rows in
+    /// `FILE.partial` and read only the inputs it has no row for. The result is the same bytes
+    /// as an uninterrupted run.
+    #[arg(long)]
+    pub resume: bool,
     /// Row format, overriding the output file's extension.
     #[arg(long, value_enum)]
     pub format: Option<Format>,
@@ -105,9 +117,10 @@ pub fn load_error_text(e: &LoadError) -> String {
     }
 }
 
-/// A site as one short string: `file.py:12 (function)`, or `-` without a user frame.
+/// A site as one short string: `file.py:12 (function)`, or `-` without a user frame. The names
+/// are [`shown`]: clipped, control and bidi characters escaped.
 fn site_text(site: Option<&Site>) -> String {
-    site.map_or_else(|| "-".to_string(), |s| format!("{}:{} ({})", s.filename, s.line, s.function))
+    site.map_or_else(|| "-".to_string(), |s| format!("{}:{} ({})", shown(&s.filename), s.line, shown(&s.function)))
 }
 
 /// What one row says about a readable file.
@@ -259,6 +272,20 @@ fn row_json(row: &Row) -> Value {
     v
 }
 
+/// A cell of untrusted text (a path, sites, caveats, an error message): control and bidi
+/// characters as visible escapes, and a cell a spreadsheet would read as a formula (starting
+/// with `=`, `+`, `-`, `@`, tab or CR) prefixed with `'`, as OWASP advises. memsnap's own
+/// placeholder `-` (no user frame) stays as it is. Numeric cells are memsnap's and never go
+/// through here.
+fn text_cell(s: &str) -> String {
+    let s = printable(s);
+    if s != "-" && s.starts_with(['=', '+', '-', '@', '\t', '\r']) {
+        format!("'{s}")
+    } else {
+        s.into_owned()
+    }
+}
+
 fn csv_field(s: &str) -> String {
     if s.contains([',', '"', '\n', '\r']) {
         format!("\"{}\"", s.replace('"', "\"\""))
@@ -271,13 +298,13 @@ fn row_csv(row: &Row) -> String {
     let opt = |v: Option<u64>| v.map_or(String::new(), |v| v.to_string());
     let cells: Vec<String> = match &row.result {
         Err(e) => {
-            let mut c = vec![row.path.clone(), opt(row.file_bytes)];
+            let mut c = vec![text_cell(&row.path), opt(row.file_bytes)];
             c.resize(CSV_COLUMNS.len() - 1, String::new());
-            c.push(e.clone());
+            c.push(text_cell(e));
             c
         }
         Ok(f) => vec![
-            row.path.clone(),
+            text_cell(&row.path),
             opt(row.file_bytes),
             f.pickle_bytes.to_string(),
             f.compression.to_string(),
@@ -290,8 +317,8 @@ fn row_csv(row: &Row) -> String {
             f.peak_device().map_or(String::new(), |d| d.device.to_string()),
             f.suspect_count.to_string(),
             f.top_suspects.iter().map(|s| s.kind.name()).collect::<Vec<_>>().join(";"),
-            f.top_suspects.iter().map(|s| site_text(s.site.as_ref())).collect::<Vec<_>>().join(";"),
-            f.caveats.join(" | "),
+            text_cell(&f.top_suspects.iter().map(|s| site_text(s.site.as_ref())).collect::<Vec<_>>().join(";")),
+            text_cell(&f.caveats.join(" | ")),
             String::new(),
         ],
     };
@@ -582,17 +609,214 @@ fn default_budget() -> u64 {
     (available_memory().unwrap_or(12 << 30) / 3).max(256 << 20)
 }
 
-/// The row writer, its format, a name for the summary line, and whether it is stdout.
-fn open_output(args: &Args) -> anyhow::Result<(Box<dyn Write>, Format, String, bool)> {
-    match &args.output {
-        Some(p) if p.as_os_str() != "-" => {
-            let ext_csv = p.extension().is_some_and(|e| e.eq_ignore_ascii_case("csv"));
-            let format = args.format.unwrap_or(if ext_csv { Format::Csv } else { Format::Jsonl });
-            let f = File::create(p).with_context(|| format!("cannot create {}", p.display()))?;
-            Ok((Box::new(BufWriter::new(f)), format, p.display().to_string(), false))
+/// One row as the line written: JSON with the characters that could drive a terminal as `\u`
+/// escapes (the values unchanged), or CSV with the safety net of text output.
+fn row_line(row: &Row, format: Format) -> anyhow::Result<String> {
+    Ok(match format {
+        Format::Jsonl => json_safe(&serde_json::to_string(&row_json(row))?).into_owned() + "\n",
+        Format::Csv => escape_controls(&row_csv(row)).into_owned(),
+    })
+}
+
+fn csv_header() -> String {
+    CSV_COLUMNS.join(",") + "\n"
+}
+
+/// Where the rows go.
+enum Sink {
+    Stdout(BufWriter<io::Stdout>),
+    /// A device or descriptor name (`/dev/stdout`), written in place.
+    InPlace {
+        file: File,
+        path: PathBuf,
+    },
+    /// `OUT.partial`: whole rows, one write each, renamed over `OUT` at the end.
+    Partial {
+        file: File,
+        partial: PathBuf,
+        target: PathBuf,
+        keep: Option<Permissions>,
+    },
+}
+
+impl Sink {
+    fn write(&mut self, line: &str) -> anyhow::Result<()> {
+        match self {
+            Sink::Stdout(w) => w.write_all(line.as_bytes()).context("cannot write to stdout"),
+            Sink::InPlace { file, path } | Sink::Partial { file, partial: path, .. } => {
+                file.write_all(line.as_bytes()).with_context(|| format!("cannot write {}", path.display()))
+            }
         }
-        _ => Ok((Box::new(BufWriter::new(io::stdout())), args.format.unwrap_or(Format::Jsonl), "stdout".into(), true)),
     }
+
+    fn finish(self) -> anyhow::Result<()> {
+        match self {
+            Sink::Stdout(mut w) => w.flush().context("cannot write to stdout"),
+            Sink::InPlace { mut file, path } => {
+                file.flush().with_context(|| format!("cannot write {}", path.display()))
+            }
+            Sink::Partial { file, partial, target, keep } => output::replace_with(&partial, &file, &target, keep),
+        }
+    }
+}
+
+/// What `--resume` found in `OUT.partial`.
+#[derive(Default)]
+struct Resumed {
+    /// The rows of inputs `0..prefix` are in the file already, in order; `prefix_errors` of
+    /// them are error rows.
+    prefix: usize,
+    prefix_errors: usize,
+    /// Rows of later inputs (by [`input_key`]), reused as they are: (line, is an error row).
+    later: HashMap<String, (String, bool)>,
+    /// Complete rows found in the file.
+    found: usize,
+}
+
+/// What identifies an input's row: its `path` as the row writes it.
+fn input_key(shown: &str, format: Format) -> String {
+    match format {
+        Format::Jsonl => shown.to_string(),
+        Format::Csv => csv_field(&text_cell(shown)),
+    }
+}
+
+/// The first cell of a CSV line as written (quotes included).
+fn first_csv_cell(line: &str) -> Option<&str> {
+    let Some(rest) = line.strip_prefix('"') else {
+        return line.find(',').map(|i| &line[..i]);
+    };
+    let b = rest.as_bytes();
+    let mut i = 0;
+    loop {
+        match b.get(i)? {
+            b'"' if b.get(i + 1) == Some(&b'"') => i += 2,
+            b'"' => return Some(&line[..i + 2]),
+            _ => i += 1,
+        }
+    }
+}
+
+/// The key of a written row and whether it is an error row; `None` when the line is not one.
+fn row_key(line: &str, format: Format) -> Option<(String, bool)> {
+    match format {
+        Format::Jsonl => {
+            let v: Value = serde_json::from_str(line).ok()?;
+            Some((v.get("path")?.as_str()?.to_string(), !v.get("error")?.is_null()))
+        }
+        // An error row ends with its message; every other row with an empty `error` cell.
+        Format::Csv => Some((first_csv_cell(line)?.to_string(), !line.ends_with(",\n"))),
+    }
+}
+
+/// Open `partial` to continue it: keep its complete rows (a torn last line is dropped), find
+/// which inputs they are the rows of, and cut the file after the ones that come first in input
+/// order (later rows are kept in memory and written again in their place). Returns the file,
+/// positioned at its end, whether it holds the CSV header, and what was found. `None`: there
+/// is no such file.
+fn reopen_partial(partial: &Path, format: Format, keys: &[String]) -> anyhow::Result<Option<(File, bool, Resumed)>> {
+    let bytes = match std::fs::read(partial) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", partial.display())),
+    };
+    let mut lines = bytes.split_inclusive(|&b| b == b'\n').filter(|l| l.ends_with(b"\n"));
+    let mut kept_bytes = 0usize;
+    let mut has_header = false;
+    let not_rows =
+        |what: &str| anyhow::anyhow!("--resume: {} {what}; remove it or run without --resume", partial.display());
+    if format == Format::Csv {
+        if let Some(h) = lines.next() {
+            if h != csv_header().as_bytes() {
+                return Err(not_rows("does not start with the CSV header of batch rows"));
+            }
+            kept_bytes += h.len();
+            has_header = true;
+        }
+    }
+    let mut rows: Vec<(String, &str, bool)> = Vec::new();
+    for l in lines {
+        // A line that is not a row (a torn write, or something else) ends what is kept.
+        let Some((key, is_error, text)) =
+            std::str::from_utf8(l).ok().and_then(|t| row_key(t, format).map(|(k, e)| (k, e, t)))
+        else {
+            if rows.is_empty() && format == Format::Jsonl {
+                return Err(not_rows("does not hold JSON Lines rows of a batch"));
+            }
+            break;
+        };
+        rows.push((key, text, is_error));
+    }
+    let prefix = rows.iter().zip(keys).take_while(|((k, _, _), key)| k == *key).count();
+    kept_bytes += rows[..prefix].iter().map(|r| r.1.len()).sum::<usize>();
+    let mut resumed = Resumed {
+        prefix,
+        prefix_errors: rows[..prefix].iter().filter(|r| r.2).count(),
+        later: HashMap::new(),
+        found: rows.len(),
+    };
+    for (key, text, is_error) in rows.into_iter().skip(prefix) {
+        resumed.later.entry(key).or_insert_with(|| (text.to_string(), is_error));
+    }
+    let file =
+        OpenOptions::new().append(true).open(partial).with_context(|| format!("cannot open {}", partial.display()))?;
+    file.set_len(kept_bytes as u64).with_context(|| format!("cannot write {}", partial.display()))?;
+    Ok(Some((file, has_header, resumed)))
+}
+
+/// The row writer, its format, a name for the summary line, whether it is stdout, and what
+/// `--resume` found. `keys` are the inputs' [`input_key`]s, in order.
+fn open_output(
+    args: &Args,
+    keys_of: impl Fn(Format) -> Vec<String>,
+) -> anyhow::Result<(Sink, Format, String, bool, Resumed)> {
+    let Some(p) = args.output.as_ref().filter(|p| p.as_os_str() != "-") else {
+        anyhow::ensure!(!args.resume, "--resume needs -o FILE: rows written to stdout cannot be resumed");
+        let mut sink = Sink::Stdout(BufWriter::new(io::stdout()));
+        let format = args.format.unwrap_or(Format::Jsonl);
+        if format == Format::Csv {
+            sink.write(&csv_header())?;
+        }
+        return Ok((sink, format, "stdout".into(), true, Resumed::default()));
+    };
+    let ext_csv = p.extension().is_some_and(|e| e.eq_ignore_ascii_case("csv"));
+    let format = args.format.unwrap_or(if ext_csv { Format::Csv } else { Format::Jsonl });
+    let name = shown_path(p);
+    let (mut sink, has_header, resumed) = match output::destination(p)? {
+        Destination::InPlace => {
+            anyhow::ensure!(
+                !args.resume,
+                "--resume: {} is a device or descriptor, not a file: there is nothing to resume",
+                p.display()
+            );
+            let file = OpenOptions::new()
+                .write(true)
+                .truncate(true)
+                .open(p)
+                .with_context(|| format!("cannot open {}", p.display()))?;
+            (Sink::InPlace { file, path: p.clone() }, false, Resumed::default())
+        }
+        Destination::Replace { keep } => {
+            let partial = output::partial_path(p);
+            let reopened = if args.resume { reopen_partial(&partial, format, &keys_of(format))? } else { None };
+            if args.resume && reopened.is_none() {
+                eprintln!("memsnap batch: no {} to resume: reading every input", shown_path(&partial));
+            }
+            let (file, has_header, resumed) = match reopened {
+                Some(r) => r,
+                None => {
+                    let file =
+                        File::create(&partial).with_context(|| format!("cannot create {}", partial.display()))?;
+                    (file, false, Resumed::default())
+                }
+            };
+            (Sink::Partial { file, partial, target: p.clone(), keep }, has_header, resumed)
+        }
+    };
+    if format == Format::Csv && !has_header {
+        sink.write(&csv_header())?;
+    }
+    Ok((sink, format, name, false, resumed))
 }
 
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
@@ -604,10 +828,33 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     for arg in &args.paths {
         disc.add_arg(arg);
     }
-    let (mut out, format, out_name, to_stdout) = open_output(args)?;
-    if format == Format::Csv {
-        writeln!(out, "{}", CSV_COLUMNS.join(","))?;
+    let (mut out, format, out_name, to_stdout, mut resumed) = open_output(args, |format| {
+        disc.inputs
+            .iter()
+            .map(|i| match i {
+                Input::File { shown, .. } | Input::Error { shown, .. } => input_key(shown, format),
+            })
+            .collect()
+    })?;
+    // Inputs whose rows an interrupted run already wrote are not read again: the first
+    // `resumed.prefix` are in the file, later ones are written again from `reused`.
+    let mut reused: BTreeMap<usize, (String, bool)> = BTreeMap::new();
+    let mut inputs: Vec<Input> = Vec::new();
+    for (i, input) in std::mem::take(&mut disc.inputs).into_iter().enumerate() {
+        if i < resumed.prefix {
+            continue;
+        }
+        let shown = match &input {
+            Input::File { shown, .. } | Input::Error { shown, .. } => shown,
+        };
+        match resumed.later.remove(&input_key(shown, format)) {
+            Some(line) => {
+                reused.insert(i, line);
+            }
+            None => inputs.push(input),
+        }
     }
+    let kept = resumed.prefix + reused.len();
 
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(jobs)
@@ -615,7 +862,6 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         .stack_size(8 << 20)
         .thread_name(|i| format!("memsnap-batch-{i}"))
         .build()?;
-    let inputs = disc.inputs;
     // On a terminal only, and not when the rows themselves go to the same terminal.
     let rows_on_terminal = to_stdout && io::stdout().is_terminal();
     let progress = if io::stderr().is_terminal() && !rows_on_terminal {
@@ -661,8 +907,9 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             let _ = tx.send((index, outcome, cost));
         });
     };
+    // Rows by their index in `inputs`; `written` counts rows over all inputs (resumed ones too).
     let mut done: BTreeMap<usize, Row> = BTreeMap::new();
-    let (mut written, mut errors) = (0usize, 0usize);
+    let (mut written, mut written_read, mut errors) = (resumed.prefix, 0usize, resumed.prefix_errors);
     loop {
         if running == 0 {
             if let Some(index) = again.pop() {
@@ -695,15 +942,20 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             }
             next += 1;
         }
-        // Write every row whose predecessors are all written.
-        while let Some(row) = done.remove(&written) {
+        // Write every row whose predecessors are all written: a row kept from the partial
+        // file, or the next row read.
+        loop {
+            if let Some((line, is_error)) = reused.remove(&written) {
+                errors += usize::from(is_error);
+                out.write(&line)?;
+                written += 1;
+                continue;
+            }
+            let Some(row) = done.remove(&written_read) else { break };
             errors += usize::from(row.result.is_err());
-            let line = match format {
-                Format::Jsonl => serde_json::to_string(&row_json(&row))? + "\n",
-                Format::Csv => row_csv(&row),
-            };
-            out.write_all(line.as_bytes())?;
+            out.write(&row_line(&row, format)?)?;
             written += 1;
+            written_read += 1;
         }
         if running == 0 {
             break;
@@ -718,19 +970,28 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
                 continue;
             }
         };
-        progress.set_message(row.path.clone());
+        progress.set_message(printable(&row.path).into_owned());
         progress.inc(1);
         done.insert(index, row);
     }
-    out.flush()?;
     progress.finish_and_clear();
+    out.finish()?;
 
     let skipped = if disc.skipped > 0 {
         format!("; {} other files skipped (not named like a snapshot, or not a regular file)", disc.skipped)
     } else {
         String::new()
     };
-    eprintln!("memsnap batch: {written} rows ({errors} unreadable) written to {out_name}{skipped}");
+    // `--resume` has an output file (open_output made sure).
+    let kept = match args.output.as_deref().filter(|_| args.resume) {
+        Some(p) => format!(
+            "; {kept} of them kept from {} ({} complete rows found)",
+            shown_path(&output::partial_path(p)),
+            resumed.found
+        ),
+        None => String::new(),
+    };
+    eprintln!("memsnap batch: {written} rows ({errors} unreadable) written to {out_name}{kept}{skipped}");
     Ok(if errors > 0 { ExitCode::from(2) } else { ExitCode::SUCCESS })
 }
 
@@ -747,6 +1008,24 @@ mod tests {
         }
         for no in ["a.json", "a.truth.json", "a.txt", "README.md", "a.pt", "a.pickle.json", "pickle", "a.gz"] {
             assert!(!is_snapshot_name(no), "{no}");
+        }
+    }
+
+    #[test]
+    fn csv_text_cells_are_escaped_and_cannot_be_formulas() {
+        for (cell, want) in [
+            ("=1+2", "'=1+2"),
+            ("+cmd", "'+cmd"),
+            ("-2+3", "'-2+3"),
+            ("@SUM(A1)", "'@SUM(A1)"),
+            // Escaped first: a tab or CR is no longer the first character, but a backslash.
+            ("\tx", "\\tx"),
+            ("-", "-"),
+            ("-;train.py:3 (f)", "'-;train.py:3 (f)"),
+            ("train.py:3 (f)", "train.py:3 (f)"),
+            ("a\x1b[2J\nb", "a\\x1b[2J\\nb"),
+        ] {
+            assert_eq!(text_cell(cell), want, "{cell:?}");
         }
     }
 

@@ -10,7 +10,7 @@ use memsnap_analysis::{Severity, SuspectKind};
 
 use crate::cmd::analyze::analyze_file;
 use crate::cmd::batch::device_figures;
-use crate::cmd::emit;
+use crate::cmd::{emit, shown_path};
 use crate::size;
 
 /// Every suspect kind, in the order the docs list them.
@@ -88,7 +88,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     // Gates are checked before the file is read: a typo should not wait for a multi-GB load.
     let fail_on = parse_fail_on(&args.fail_on)?;
     let a = analyze_file(&args.file)?;
-    let shown = args.file.display();
+    let shown = shown_path(&args.file);
     let mut failures = String::new();
     let mut gates = 0;
     let figures = device_figures(&a);
@@ -132,10 +132,9 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     if !fail_on.is_empty() {
         gates += 1;
         for s in a.analysis.suspects().into_iter().filter(|s| fail_on.matches(s)) {
-            let site = s
-                .site
-                .as_ref()
-                .map_or("(no user frame)".to_string(), |x| format!("{}:{} in {}", x.filename, x.line, x.function));
+            let site = s.site.as_ref().map_or("(no user frame)".to_string(), |x| {
+                format!("{}:{} in {}", memsnap_model::shown(&x.filename), x.line, memsnap_model::shown(&x.function))
+            });
             let _ = writeln!(
                 failures,
                 "{shown}: fail-on {} ({}) found: device {}, {} at {site} (confidence {:.2})",

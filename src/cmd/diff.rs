@@ -13,12 +13,13 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use memsnap_analysis::{Category, DeviceAnalysis, Moment, Site, Suspect};
+use memsnap_model::printable;
 use serde_json::{json, Value};
 
 use crate::cmd::analyze::{analyze_file, category_title, suspect_json, Analyzed};
 use crate::cmd::batch::{device_figures, DeviceFigures};
-use crate::cmd::emit;
 use crate::cmd::summary::{file_name, lacks};
+use crate::cmd::{emit, emit_json, shown_path};
 use crate::size;
 
 #[derive(clap::Args)]
@@ -44,14 +45,13 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let (before, after) = rayon::join(|| analyze_file(&args.before), || analyze_file(&args.after));
     let (before, after) = (before?, after?);
     let d = compare(&before, &after);
-    let out = if args.json {
+    if args.json {
         let mut s = serde_json::to_string_pretty(&diff_json(&d, &args.before, &args.after))?;
         s.push('\n');
-        s
+        emit_json(&s)?;
     } else {
-        diff_text(&d, &args.before, &args.after, args.top)
-    };
-    emit(&out)?;
+        emit(&diff_text(&d, &args.before, &args.after, args.top))?;
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -388,14 +388,14 @@ fn suspect_line(s: &Suspect) -> String {
         s.kind.name(),
         s.device,
         size::format(s.bytes),
-        site_label(s.site.as_ref()),
+        printable(&site_label(s.site.as_ref())),
         s.confidence
     )
 }
 
 fn diff_text(d: &Diff, before: &Path, after: &Path, top: usize) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "memsnap diff: {} -> {}", before.display(), after.display());
+    let _ = writeln!(s, "memsnap diff: {} -> {}", shown_path(before), shown_path(after));
     for n in notes(d) {
         let _ = writeln!(s, "note: {n}");
     }
@@ -422,7 +422,7 @@ fn diff_text(d: &Diff, before: &Path, after: &Path, top: usize) -> String {
             s,
             "  persisting: {} at {}: {} -> {} ({})",
             m.kind,
-            m.site,
+            printable(&m.site),
             size::format(c.before),
             size::format(c.after),
             size::format_change(c.delta())
@@ -482,7 +482,7 @@ fn diff_text(d: &Diff, before: &Path, after: &Path, top: usize) -> String {
                     size::format_change(c.bytes.delta()),
                     size::format(c.bytes.before),
                     size::format(c.bytes.after),
-                    c.label
+                    printable(&c.label)
                 );
             }
             if sites.len() > top {

@@ -11,7 +11,7 @@ use memsnap_report::text::{fmt_bytes, fmt_count};
 use memsnap_report::{flamegraph_svg, folded_text, live_folded, FlameOptions};
 
 use crate::cmd::analyze::analyze_file;
-use crate::cmd::report::write_output;
+use crate::cmd::report::{write_output, Content};
 use crate::cmd::summary::file_name;
 
 #[derive(clap::Args)]
@@ -122,12 +122,12 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     }
     folded.sort();
 
-    let text = if folded_out {
-        folded_text(&folded)
+    let (text, content) = if folded_out {
+        (folded_text(&folded), Content::Text)
     } else {
         let name = file_name(&a.loaded.path);
         let dev = if multi { "all devices".to_string() } else { format!("device {}", devices[0].device) };
-        flamegraph_svg(
+        let svg = flamegraph_svg(
             &folded,
             &FlameOptions {
                 width: args.width as f64,
@@ -136,8 +136,9 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
                 root_label: "all allocated memory".into(),
                 ..FlameOptions::default()
             },
-        )
+        );
+        (svg, Content::Markup)
     };
-    write_output(&args.output, &text)?;
+    write_output(&args.output, &text, content)?;
     Ok(ExitCode::SUCCESS)
 }

@@ -10,8 +10,8 @@ use memsnap_model::{BlockState, SegmentType, Snapshot, TraceEvent};
 use memsnap_replay::{event_at_time, DeviceReplay, MemoryMap, Replay, SegmentStats, SegmentView};
 use serde_json::{json, Value};
 
-use crate::cmd::emit;
 use crate::cmd::summary::file_name;
+use crate::cmd::{emit, emit_json, shown_path};
 use crate::load::load;
 
 #[derive(clap::Args)]
@@ -76,7 +76,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let devices = select_devices(&replay, args.device)?;
     let maps: Vec<(&DeviceReplay, MemoryMap)> =
         devices.into_iter().map(|d| (d, args.at.state(d, events(snap, d.device)))).collect();
-    let out = if args.json {
+    if args.json {
         let doc = json!({
             "schema_version": 1,
             "command": "segments",
@@ -86,16 +86,15 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         });
         let mut s = serde_json::to_string_pretty(&doc)?;
         s.push('\n');
-        s
+        emit_json(&s)?;
     } else {
         let mut s = String::new();
-        let _ = writeln!(s, "memsnap segments: {} (at {})", loaded.path.display(), args.at.name());
+        let _ = writeln!(s, "memsnap segments: {} (at {})", shown_path(&loaded.path), args.at.name());
         for (d, m) in &maps {
             device_text(&mut s, snap, d, m);
         }
-        s
-    };
-    emit(&out)?;
+        emit(&s)?;
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -5,10 +5,10 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use memsnap_model::{DeviceTotals, Snapshot, TraceFacts};
+use memsnap_model::{printable, shown, DeviceTotals, Snapshot, TraceFacts};
 use serde_json::{json, Value};
 
-use crate::cmd::emit;
+use crate::cmd::{emit, shown_path};
 use crate::load::{load, Loaded};
 
 #[derive(clap::Args)]
@@ -115,7 +115,7 @@ fn summary_text(l: &Loaded) -> String {
     let mut s = String::new();
     let rule = "|===========================================================================|";
     let thin = "|---------------------------------------------------------------------------|";
-    let _ = writeln!(s, "memsnap summary: {}", l.path.display());
+    let _ = writeln!(s, "memsnap summary: {}", shown_path(&l.path));
     let _ = writeln!(
         s,
         "file: {} bytes ({}, {} pickle bytes), pickle protocol {}, producer {}",
@@ -205,7 +205,7 @@ fn summary_text(l: &Loaded) -> String {
     }
     for (k, v) in &snap.settings.raw {
         let v = if v.is_empty() { "''" } else { v.as_str() };
-        let _ = writeln!(s, "  {k}: {v}");
+        let _ = writeln!(s, "  {}: {}", shown(k), shown(v));
     }
     if !snap.annotations.is_empty() {
         let _ = writeln!(s, "\nAnnotations: {} external annotation events", snap.annotations.len());
@@ -216,15 +216,15 @@ fn summary_text(l: &Loaded) -> String {
         let _ = writeln!(s, "  none: full trace with Python stacks");
     }
     for c in lacks {
-        let _ = writeln!(s, "  - {c}");
+        let _ = writeln!(s, "  - {}", printable(&c));
     }
     if !snap.source.unknown_keys.is_empty() || !snap.source.unknown_actions.is_empty() {
         let _ = writeln!(s, "\nTolerated unknown content");
         for (k, c) in &snap.source.unknown_keys {
-            let _ = writeln!(s, "  key {k}: {c}");
+            let _ = writeln!(s, "  key {}: {c}", shown(k));
         }
         for (k, c) in &snap.source.unknown_actions {
-            let _ = writeln!(s, "  action {k}: {c}");
+            let _ = writeln!(s, "  action {}: {c}", shown(k));
         }
     }
     s

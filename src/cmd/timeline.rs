@@ -9,9 +9,9 @@ use memsnap_model::TraceEvent;
 use memsnap_replay::{DeviceReplay, Peak};
 use serde_json::{json, Value};
 
-use crate::cmd::emit;
 use crate::cmd::segments::{fmt_bytes, select_devices};
 use crate::cmd::summary::file_name;
+use crate::cmd::{emit, emit_json, shown_path};
 use crate::load::load;
 
 #[derive(clap::Args)]
@@ -63,14 +63,14 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             write_device_json(&mut out, d, events_of(d), every)?;
         }
         out.push_str("]}\n");
-        emit(&out)?;
+        emit_json(&out)?;
         return Ok(ExitCode::SUCCESS);
     }
 
     if args.csv {
         out.push_str("device,event,time_us,action,allocated,reserved,active,requested\n");
     } else {
-        let _ = writeln!(out, "memsnap timeline: {}", loaded.path.display());
+        let _ = writeln!(out, "memsnap timeline: {}", shown_path(&loaded.path));
     }
     for d in devices {
         let events = events_of(d);
@@ -217,7 +217,7 @@ fn write_device_json(out: &mut String, d: &DeviceReplay, events: &[TraceEvent], 
             }
             value(out, i);
             if out.len() >= PIECE {
-                emit(out)?;
+                emit_json(out)?;
                 out.clear();
             }
         }

@@ -6,11 +6,11 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use memsnap_model::{classify_filename, Action, FrameKind, Snapshot, StackId};
+use memsnap_model::{classify_filename, shown, Action, FrameKind, Snapshot, StackId};
 use memsnap_replay::DeviceReplay;
 
-use crate::cmd::emit;
 use crate::cmd::segments::{fmt_bytes, select_devices};
+use crate::cmd::{emit, shown_path};
 use crate::load::load;
 
 #[derive(clap::Args)]
@@ -32,7 +32,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let devices = select_devices(&replay, args.device)?;
     let mut sites = Sites::new(snap);
     let mut out = String::with_capacity(PIECE + 4096);
-    let _ = writeln!(out, "memsnap trace: {}", loaded.path.display());
+    let _ = writeln!(out, "memsnap trace: {}", shown_path(&loaded.path));
     for d in devices {
         let events = snap.trace(d.device).map_or(&[][..], |t| t.events.as_slice());
         let first_time = events.iter().find(|e| e.has_time()).map(|e| e.time_us);
@@ -142,5 +142,5 @@ fn summarize(snap: &Snapshot, stack: StackId) -> String {
     };
     let file = snap.str(frame.filename);
     let short = file.rsplit(['/', '\\']).next().unwrap_or(file);
-    format!("{short}:{} {}{mark}", frame.line, snap.str(frame.name))
+    format!("{}:{} {}{mark}", shown(short), frame.line, shown(snap.str(frame.name)))
 }

@@ -18,6 +18,9 @@ pub struct Run {
     pub code: Option<i32>,
     pub stdout: String,
     pub stderr: String,
+    /// The bytes as written (`stdout` and `stderr` are their lossy UTF-8 reading).
+    pub stdout_bytes: Vec<u8>,
+    pub stderr_bytes: Vec<u8>,
     pub elapsed: Duration,
 }
 
@@ -78,10 +81,13 @@ pub fn memsnap_in(dir: Option<&Path>, args: &[&str], stdin: Option<&[u8]>) -> Ru
         std::thread::sleep(Duration::from_millis(2));
     };
     let elapsed = start.elapsed();
+    let (stdout_bytes, stderr_bytes) = (out_t.join().unwrap(), err_t.join().unwrap());
     Run {
         code: status.code(),
-        stdout: String::from_utf8_lossy(&out_t.join().unwrap()).into_owned(),
-        stderr: String::from_utf8_lossy(&err_t.join().unwrap()).into_owned(),
+        stdout: String::from_utf8_lossy(&stdout_bytes).into_owned(),
+        stderr: String::from_utf8_lossy(&stderr_bytes).into_owned(),
+        stdout_bytes,
+        stderr_bytes,
         elapsed,
     }
 }

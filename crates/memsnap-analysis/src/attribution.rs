@@ -7,6 +7,7 @@ use memsnap_replay::BlockLifetime;
 use crate::graph::short_path;
 use crate::phases::Phases;
 use crate::stacks::StackTable;
+use memsnap_model::clip;
 
 /// Attribution of one block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -218,18 +219,29 @@ impl Site {
         Site { filename: snap.str(fr.filename).to_string(), line: fr.line, function: snap.str(fr.name).to_string() }
     }
 
-    /// `file.py:12 (function)` with the path shortened to its last components.
+    /// `file.py:12 (function)` with the path shortened to its last components. A label for
+    /// people: the file and function names are [`clip`]ped (the full ones stay in the fields).
     pub fn short(&self) -> String {
-        format!("{}:{} ({})", short_path(&self.filename), self.line, self.function)
+        short_text(&self.filename, self.line, &self.function)
     }
+}
+
+fn short_text(filename: &str, line: u32, function: &str) -> String {
+    format!("{}:{} ({})", clip(short_path(filename)), line, clip(function))
+}
+
+/// [`Site::short`] of a frame, without copying its names first.
+fn short_of(snap: &Snapshot, f: FrameId) -> String {
+    let fr = snap.frame(f);
+    short_text(snap.str(fr.filename), fr.line, snap.str(fr.name))
 }
 
 /// A readable label for an attribution.
 pub fn attr_label(snap: &Snapshot, attr: Attr) -> String {
     match attr {
-        Attr::Backward(Some(f)) => format!("backward launched at {}", Site::of(snap, f).short()),
+        Attr::Backward(Some(f)) => format!("backward launched at {}", short_of(snap, f)),
         Attr::Backward(None) => "backward pass (launch line unknown)".into(),
-        Attr::Site(f) => Site::of(snap, f).short(),
+        Attr::Site(f) => short_of(snap, f),
         Attr::Library => "library code (no user frame)".into(),
         Attr::PreTrace => "allocated before the trace".into(),
         Attr::NoFrames => "no frames recorded".into(),

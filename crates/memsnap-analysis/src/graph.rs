@@ -6,9 +6,9 @@
 //! under a synthetic `[autograd engine]` frame. From the graph: bytes by site (innermost user
 //! frame), inclusive bytes by frame, and folded stacks for flamegraphs.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
-use memsnap_model::{FrameId, Snapshot, StackId};
+use memsnap_model::{clip, FrameId, Snapshot, StackId};
 use petgraph::graph::{DiGraph, NodeIndex};
 use petgraph::visit::EdgeRef;
 use petgraph::Direction;
@@ -143,13 +143,17 @@ impl MemoryGraph {
     /// a renderer can highlight them.
     pub fn folded(&self, snap: &Snapshot, stacks: &StackTable, mark_user: bool) -> Vec<(String, u64)> {
         let mut out: BTreeMap<String, u64> = BTreeMap::new();
+        // A frame is labelled once, however many blocks' paths it is on.
+        let mut labels: HashMap<FrameId, String> = HashMap::new();
         for n in self.graph.node_indices() {
             let Node::Block { size, .. } = self.graph[n] else { continue };
             let mut path: Vec<String> = Vec::new();
             let mut cur = self.graph.neighbors_directed(n, Direction::Outgoing).next();
             while let Some(c) = cur {
                 match &self.graph[c] {
-                    Node::Frame(f) => path.push(frame_label(snap, stacks, *f, mark_user)),
+                    Node::Frame(f) => {
+                        path.push(labels.entry(*f).or_insert_with(|| frame_label(snap, stacks, *f, mark_user)).clone())
+                    }
                     Node::Synthetic(s) => path.push((*s).to_string()),
                     Node::Stack(_) | Node::Block { .. } => {}
                 }
@@ -191,12 +195,13 @@ impl MemoryGraph {
     }
 }
 
-/// `function (file:line)`, with a leading `*` for user frames when asked.
+/// `function (file:line)`, with a leading `*` for user frames when asked. The names are
+/// [`clip`]ped: a label is for people (and flamegraph tools), not a key.
 pub fn frame_label(snap: &Snapshot, stacks: &StackTable, f: FrameId, mark_user: bool) -> String {
     let fr = snap.frame(f);
     let mark = if mark_user && stacks.is_user(f) { "*" } else { "" };
     // Folded-stack syntax reserves ';' and the trailing space before the count.
-    let clean = |s: &str| s.replace([';', '\n'], ",");
+    let clean = |s: &str| clip(s).replace([';', '\n'], ",");
     format!("{mark}{} ({}:{})", clean(snap.str(fr.name)), clean(short_path(snap.str(fr.filename))), fr.line)
 }
 

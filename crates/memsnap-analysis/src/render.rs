@@ -36,7 +36,7 @@ fn numbers(s: &Suspect, peak: u64) -> String {
     if let Some(it) = &s.iterations {
         if matches!(s.severity, Severity::Leak) && s.growth_unit == crate::evidence::Occurrence::Iteration {
             let by = match (it.source, &it.site, &it.annotation) {
-                ("annotation", _, Some(a)) => format!("the annotation {a:?}"),
+                ("annotation", _, Some(a)) => format!("the annotation {:?}", memsnap_model::clip(a)),
                 ("backward", Some(l), _) => format!("the backward pass at {}", l.short()),
                 ("forward", Some(l), _) => format!("the forward call at {}", l.short()),
                 _ => "repeated calls".to_string(),

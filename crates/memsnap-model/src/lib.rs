@@ -12,7 +12,11 @@ mod types;
 pub use types::*;
 mod read;
 mod stats;
+mod untrusted;
 
 pub use stats::{DeviceTotals, PoolCounts, TraceFacts, ALL_ACTIONS};
+pub use untrusted::{
+    clip, escape_controls, is_display_unsafe, json_safe, printable, shown, CLIP_HEAD, MAX_SHOWN_CHARS,
+};
 
 pub use read::{read_snapshot, read_snapshot_from, read_snapshot_with, ReadError, ReadOptions};

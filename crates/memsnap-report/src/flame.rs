@@ -13,11 +13,14 @@ use std::fmt::Write as _;
 use crate::text::{escape, fit, fmt_bytes, fmt_count, fnv1a, hsl, num, open_figure, pct};
 
 /// Folded stacks as text: one `outer;…;inner BYTES` line per distinct stack, in the given order
-/// (memsnap sorts them by path), bytes as the sample count.
+/// (memsnap sorts them by path), bytes as the sample count. Frame names are untrusted text:
+/// control and bidi characters in them are written as visible escapes
+/// ([`memsnap_model::printable`]), so every line stays one line and a terminal showing it is
+/// not driven by the file.
 pub fn folded_text(folded: &[(String, u64)]) -> String {
     let mut s = String::new();
     for (path, bytes) in folded {
-        let _ = writeln!(s, "{path} {bytes}");
+        let _ = writeln!(s, "{} {bytes}", memsnap_model::printable(path));
     }
     s
 }

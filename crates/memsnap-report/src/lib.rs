@@ -21,8 +21,10 @@ pub mod text;
 pub mod timeline;
 
 use memsnap_analysis::SuspectKind;
-use memsnap_analysis::{find_phases, Analysis, Category, DeviceAnalysis, LiveBlock, MemoryGraph, StackTable, Suspect};
-use memsnap_model::{classify_filename, Action, FrameKind, Snapshot};
+use memsnap_analysis::{
+    find_phases, Analysis, Category, DeviceAnalysis, LiveBlock, MemoryGraph, Site, StackTable, Suspect,
+};
+use memsnap_model::{classify_filename, clip, Action, FrameKind, Snapshot};
 use memsnap_replay::{DeviceReplay, Replay};
 use rayon::prelude::*;
 
@@ -131,22 +133,18 @@ impl SuspectView {
             bytes_at_peak: s.bytes_at_peak,
             growth_bytes_per_iteration: s.growth_bytes_per_iteration,
             site_short: s.site.as_ref().map(|x| x.short()),
-            site_full: s.site.as_ref().map(|x| format!("{}:{} in {}", x.filename, x.line, x.function)),
-            stack: s
-                .stack
-                .iter()
-                .map(|x| {
-                    (
-                        format!("{}:{} in {}", x.filename, x.line, x.function),
-                        classify_filename(&x.filename) == FrameKind::User,
-                    )
-                })
-                .collect(),
+            site_full: s.site.as_ref().map(site_full),
+            stack: s.stack.iter().map(|x| (site_full(x), classify_filename(&x.filename) == FrameKind::User)).collect(),
             evidence: s.evidence.clone(),
             advice: s.advice.clone(),
             is_leak: s.kind.is_leak() && s.severity == memsnap_analysis::Severity::Leak,
         }
     }
+}
+
+/// `/full/path/file.py:12 in function`, the names [`clip`]ped.
+fn site_full(x: &Site) -> String {
+    format!("{}:{} in {}", clip(&x.filename), x.line, clip(&x.function))
 }
 
 /// One row of the peak attribution by site.
@@ -329,10 +327,7 @@ fn device_report(
         .take(opts.table_sites)
         .map(|s| SiteRow {
             label: s.label.clone(),
-            full: s
-                .site
-                .as_ref()
-                .map_or_else(|| s.label.clone(), |x| format!("{}:{} in {}", x.filename, x.line, x.function)),
+            full: s.site.as_ref().map_or_else(|| s.label.clone(), site_full),
             bytes: s.bytes,
             blocks: s.blocks,
         })
@@ -420,7 +415,7 @@ fn facts(snap: &Snapshot, da: &DeviceAnalysis, d: &DeviceReplay) -> Vec<(String,
     let p = &da.phases;
     let how = match (&p.iteration_site, &p.iteration_annotation) {
         (Some(site), _) => format!("delimited by {:?} at {}", p.iteration_source, site.short()).to_lowercase(),
-        (None, Some(n)) => format!("delimited by the annotation {n:?}"),
+        (None, Some(n)) => format!("delimited by the annotation {:?}", clip(n)),
         _ => "no repeating iteration found".into(),
     };
     v.push(("iterations".to_string(), fmt_count(p.iterations as u64), how));

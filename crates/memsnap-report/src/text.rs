@@ -5,7 +5,10 @@ use std::fmt::Write as _;
 
 /// Escape text for XML and HTML (element content and double- or single-quoted attributes).
 /// Characters XML 1.0 forbids (most control characters, lone `U+FFFE`/`U+FFFF`) become
-/// `U+FFFD`, so text from a snapshot can never make the document ill-formed.
+/// `U+FFFD`, so text from a snapshot can never make the document ill-formed; so do DEL and the
+/// C1 controls (XML discourages them, and a terminal shown the page would obey them). Bidi
+/// controls and other invisible format characters ([`memsnap_model::is_display_unsafe`])
+/// become character references: a browser shows the same text, a terminal gets no raw control.
 pub fn escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 8);
     for c in s.chars() {
@@ -17,7 +20,12 @@ pub fn escape(s: &str) -> String {
             '\'' => out.push_str("&#39;"),
             '\t' | '\n' => out.push(c),
             '\r' => out.push_str("&#13;"),
-            c if (c as u32) < 0x20 || c == '\u{FFFE}' || c == '\u{FFFF}' => out.push('\u{FFFD}'),
+            c if (c as u32) < 0x20 || ('\x7f'..='\u{9f}').contains(&c) || c == '\u{FFFE}' || c == '\u{FFFF}' => {
+                out.push('\u{FFFD}')
+            }
+            c if memsnap_model::is_display_unsafe(c) => {
+                let _ = write!(out, "&#x{:X};", c as u32);
+            }
             c => out.push(c),
         }
     }
@@ -228,6 +236,8 @@ mod tests {
     #[test]
     fn escapes_markup_and_control_characters() {
         assert_eq!(escape("<module> & \"x\" 'y'\u{1}"), "&lt;module&gt; &amp; &quot;x&quot; &#39;y&#39;\u{FFFD}");
+        assert_eq!(escape("a\x7fb\u{9b}c\u{a0}"), "a\u{FFFD}b\u{FFFD}c\u{a0}");
+        assert_eq!(escape("\u{202e}evil\u{2066}\u{200b}"), "&#x202E;evil&#x2066;&#x200B;");
     }
 
     #[test]
