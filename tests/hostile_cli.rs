@@ -13,6 +13,19 @@ const EXPECTED: &[(&str, &str)] = &[
     ("json_text.pickle", "byte 0: not a pickle: first byte 0x7b is no pickle opcode (looks like JSON)"),
     ("torch_save_zip.pt", "byte 0: not a pickle: a zip archive (torch.save output"),
     ("truncated_stream.pickle.xz", "xz decompression failed"),
+    // Numbers no snapshot holds: refused where read, never wrapped or clamped.
+    (
+        "range_size_2p63.pickle",
+        "segments[0].total_size: expected a size of at most 2^48 bytes (256 TiB), found int 9223372036854775808",
+    ),
+    (
+        "range_device_2p64.pickle",
+        "segments[0].device: expected a device index from 0 to 2^32 - 1, found int 18446744073709551615",
+    ),
+    (
+        "range_time_min.pickle",
+        "device_traces[0][2].time_us: expected a time above -2^63 microseconds, found int -9223372036854775808",
+    ),
     // Bombs: refused by the decompression budget, the object budget and the string cap.
     (
         "bomb_tiny_opcodes_1g.pickle.xz",

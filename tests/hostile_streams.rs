@@ -183,3 +183,21 @@ fn batch_holds_a_compressed_file_to_its_estimated_size() {
     assert_eq!(rows[0]["pickle_bytes"], padded.len() as u64, "{}", rows[0]);
     assert_eq!(rows[0]["devices"], rows[1]["devices"]);
 }
+
+#[test]
+fn sizes_that_sum_past_2_to_the_64_saturate_with_a_caveat_and_fail_gates() {
+    // 65 537 segments of 2^48 bytes on one device: the sum wraps to 2^48 in 64 bits. Held at
+    // u64::MAX instead, with a caveat, so that a gate can never pass on a wrapped total (and
+    // the overflow-checked release build does not panic).
+    let f = fixture("hostile/ok_sizes_sum_past_2p64.pickle.xz");
+    let f = f.to_str().unwrap();
+    let v = memsnap(&["summary", f, "--json"]).json();
+    assert_eq!(v["devices"][0]["reserved_bytes"], u64::MAX);
+    assert_eq!(v["devices"][0]["allocated_bytes"], u64::MAX);
+    let caveats = v["caveats"].to_string();
+    assert!(caveats.contains("sizes add up past 2^64 - 1 bytes on device 0"), "{caveats}");
+    let run = memsnap(&["check", f, "--max-reserved", "1GiB"]);
+    assert_eq!(run.code, Some(1), "the gate must fail: {} {}", run.stdout, run.stderr);
+    let v = memsnap(&["analyze", f, "--json"]).json();
+    assert!(v["devices"][0]["peak_reserved_bytes"].is_null() || v["devices"][0]["peak_reserved_bytes"] == u64::MAX);
+}

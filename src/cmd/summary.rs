@@ -51,6 +51,14 @@ pub fn lacks(snap: &Snapshot) -> Vec<String> {
             out.push(format!("{untimed} trace events have no time_us (torch < 2.2 or a profiler-made file)"));
         }
     }
+    let saturated: Vec<String> =
+        snap.device_totals().iter().filter(|t| t.saturated).map(|t| t.device.to_string()).collect();
+    if !saturated.is_empty() {
+        out.push(format!(
+            "sizes add up past 2^64 - 1 bytes on device {}: those totals are held at 18446744073709551615 (no real snapshot comes near)",
+            saturated.join(", ")
+        ));
+    }
     if snap.source.has_cpp_frames {
         out.push(
             "C++ stacks present (stacks=\"all\"): native frames are shown but never named as the user's site".into(),

@@ -259,11 +259,43 @@ fn as_u64(heap: &Heap<'_>, v: Value, key: &str) -> Result<u64, FieldError> {
     }
 }
 
+/// A device index: it must fit the model's 32 bits (torch's own are 8-bit), never clamped.
+fn as_device(heap: &Heap<'_>, v: Value, key: &str) -> Result<u32, FieldError> {
+    match heap.as_i128(v) {
+        Some(i) if (0..=u32::MAX as i128).contains(&i) => Ok(i as u32),
+        _ => Err(FieldError::new(key, "a device index from 0 to 2^32 - 1", &describe(heap, v))),
+    }
+}
+
+/// A block, segment or event size: at most [`MAX_SIZE`].
+fn as_size(heap: &Heap<'_>, v: Value, key: &str) -> Result<u64, FieldError> {
+    match as_u64(heap, v, key)? {
+        s if s <= MAX_SIZE => Ok(s),
+        _ => Err(FieldError::new(key, "a size of at most 2^48 bytes (256 TiB)", &describe(heap, v))),
+    }
+}
+
+/// An address: at most [`MAX_ADDRESS`].
+fn as_address(heap: &Heap<'_>, v: Value, key: &str) -> Result<u64, FieldError> {
+    match as_u64(heap, v, key)? {
+        a if a <= MAX_ADDRESS => Ok(a),
+        _ => Err(FieldError::new(key, "an address below 2^64 - 2^48", &describe(heap, v))),
+    }
+}
+
 /// `stream` values are handles; some producers write them as signed.
 fn as_stream(heap: &Heap<'_>, v: Value, key: &str) -> Result<u64, FieldError> {
     match heap.as_i128(v) {
         Some(i) if i >= i64::MIN as i128 && i <= u64::MAX as i128 => Ok(i as u64),
         _ => Err(FieldError::new(key, "int", &describe(heap, v))),
+    }
+}
+
+/// A `time_us`: any 64-bit value but −2^63, which the model keeps for "no time" ([`NO_TIME`]).
+fn as_time(heap: &Heap<'_>, v: Value, key: &str) -> Result<i64, FieldError> {
+    match as_i64(heap, v, key)? {
+        NO_TIME => Err(FieldError::new(key, "a time above -2^63 microseconds", &describe(heap, v))),
+        t => Ok(t),
     }
 }
 
@@ -485,10 +517,10 @@ impl Builder {
                     }
                     action_seen = true;
                 }
-                Key::Addr => ev.addr = as_u64(heap, v, "addr")?,
-                Key::Size => ev.size = as_u64(heap, v, "size")?,
+                Key::Addr => ev.addr = as_address(heap, v, "addr")?,
+                Key::Size => ev.size = as_size(heap, v, "size")?,
                 Key::Stream => ev.stream = as_stream(heap, v, "stream")?,
-                Key::TimeUs => ev.time_us = if v == Value::None { NO_TIME } else { as_i64(heap, v, "time_us")? },
+                Key::TimeUs => ev.time_us = if v == Value::None { NO_TIME } else { as_time(heap, v, "time_us")? },
                 Key::Frames => {
                     ev.stack = self.stack(heap, v)?;
                     if let Value::List(l) = v {
@@ -830,9 +862,9 @@ impl Converter<'_, '_, '_> {
         for (key, val) in self.dict_items(v, path)? {
             let kp = format!("{path}.{key}");
             match key.as_str() {
-                "device" => seg.device = field(as_u64(heap, val, ""), &kp)?.min(u32::MAX as u64) as u32,
-                "address" => seg.address = field(as_u64(heap, val, ""), &kp)?,
-                "total_size" => seg.total_size = field(as_u64(heap, val, ""), &kp)?,
+                "device" => seg.device = field(as_device(heap, val, ""), &kp)?,
+                "address" => seg.address = field(as_address(heap, val, ""), &kp)?,
+                "total_size" => seg.total_size = field(as_size(heap, val, ""), &kp)?,
                 "allocated_size" => {
                     seg.allocated_size = field(as_u64(heap, val, ""), &kp)?;
                     have_alloc = true;
@@ -918,12 +950,12 @@ impl Converter<'_, '_, '_> {
             let kp = format!("{path}.{key}");
             match key.as_str() {
                 "address" => {
-                    blk.address = field(as_u64(heap, val, ""), &kp)?;
+                    blk.address = field(as_address(heap, val, ""), &kp)?;
                     blk.address_derived = false;
                 }
-                "size" => blk.size = field(as_u64(heap, val, ""), &kp)?,
+                "size" => blk.size = field(as_size(heap, val, ""), &kp)?,
                 "requested_size" => {
-                    blk.requested_size = field(as_u64(heap, val, ""), &kp)?;
+                    blk.requested_size = field(as_size(heap, val, ""), &kp)?;
                     have_req = true;
                 }
                 "state" => {
@@ -1034,8 +1066,8 @@ impl Converter<'_, '_, '_> {
                 match k.as_str() {
                     "name" => a.name = heap.as_str(val).unwrap_or("").to_string(),
                     "stage" => a.start = heap.as_str(val).is_none_or(|s| !s.eq_ignore_ascii_case("END")),
-                    "device" => a.device = heap.as_i128(val).unwrap_or(0).clamp(0, u32::MAX as i128) as u32,
-                    "time_us" => a.time_us = field(as_i64(heap, val, ""), &format!("{p}.time_us"))?,
+                    "device" => a.device = field(as_device(heap, val, ""), &format!("{p}.device"))?,
+                    "time_us" => a.time_us = field(as_time(heap, val, ""), &format!("{p}.time_us"))?,
                     other => self.unknown(format!("external_annotations[].{other}")),
                 }
             }

@@ -27,6 +27,17 @@ pub struct DeviceTotals {
     pub largest_free_block: u64,
     pub pools: PoolCounts,
     pub trace_entries: u64,
+    /// Some sum of sizes passed 2^64 − 1 and stays there (a crafted file: sizes are at most
+    /// [`crate::MAX_SIZE`] each, but a file may list many).
+    pub saturated: bool,
+}
+
+/// `a + b`, held at `u64::MAX` (and `saturated` set) instead of wrapping.
+fn sum(a: u64, b: u64, saturated: &mut bool) -> u64 {
+    a.checked_add(b).unwrap_or_else(|| {
+        *saturated = true;
+        u64::MAX
+    })
 }
 
 /// Segments and bytes per pool.
@@ -67,7 +78,7 @@ impl Snapshot {
             if !seg.is_expandable {
                 t.segment_count += 1;
             }
-            t.reserved_bytes += seg.total_size;
+            t.reserved_bytes = sum(t.reserved_bytes, seg.total_size, &mut t.saturated);
             let (count, bytes) = if seg.is_private_pool() {
                 (&mut t.pools.private_segments, &mut t.pools.private_bytes)
             } else if seg.is_expandable {
@@ -78,7 +89,9 @@ impl Snapshot {
                 (&mut t.pools.large_segments, &mut t.pools.large_bytes)
             };
             *count += 1;
-            *bytes += seg.total_size;
+            let mut saturated = false;
+            *bytes = sum(*bytes, seg.total_size, &mut saturated);
+            t.saturated |= saturated;
             // torch counts neither expandable segments nor their free blocks as split segments.
             let split = seg.blocks.len() > 1 && !seg.is_expandable;
             for b in &seg.blocks {
@@ -86,21 +99,21 @@ impl Snapshot {
                 match b.state {
                     BlockState::Allocated => {
                         t.blocks_allocated += 1;
-                        t.allocated_bytes += b.size;
-                        t.active_bytes += b.size;
-                        t.requested_bytes += b.requested_size;
+                        t.allocated_bytes = sum(t.allocated_bytes, b.size, &mut t.saturated);
+                        t.active_bytes = sum(t.active_bytes, b.size, &mut t.saturated);
+                        t.requested_bytes = sum(t.requested_bytes, b.requested_size, &mut t.saturated);
                     }
                     BlockState::PendingFree => {
                         t.blocks_pending_free += 1;
-                        t.active_bytes += b.size;
-                        t.requested_bytes += b.requested_size;
+                        t.active_bytes = sum(t.active_bytes, b.size, &mut t.saturated);
+                        t.requested_bytes = sum(t.requested_bytes, b.requested_size, &mut t.saturated);
                     }
                     BlockState::Inactive => {
                         t.blocks_inactive += 1;
-                        t.inactive_bytes += b.size;
+                        t.inactive_bytes = sum(t.inactive_bytes, b.size, &mut t.saturated);
                         t.largest_free_block = t.largest_free_block.max(b.size);
                         if split {
-                            t.inactive_split_bytes += b.size;
+                            t.inactive_split_bytes = sum(t.inactive_split_bytes, b.size, &mut t.saturated);
                         }
                     }
                 }

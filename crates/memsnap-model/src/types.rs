@@ -146,6 +146,13 @@ impl Action {
 /// `time_us` value used when the file has no timestamp for an event.
 pub const NO_TIME: i64 = i64::MIN;
 
+/// Largest size of a block, segment or event accepted: 2^48 bytes (256 TiB), a thousand times
+/// the memory of any GPU and the span of the 48-bit virtual addresses CUDA hands out. A larger
+/// size is refused where it is read, so that an address plus a size never wraps.
+pub const MAX_SIZE: u64 = 1 << 48;
+/// Largest address accepted: whatever leaves room for a [`MAX_SIZE`] block above it.
+pub const MAX_ADDRESS: u64 = u64::MAX - MAX_SIZE;
+
 /// One trace entry. Compact (48 bytes) because real files hold millions.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TraceEvent {

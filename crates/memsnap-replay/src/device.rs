@@ -16,6 +16,42 @@ use crate::unit::{replay_group, Effects, EndSegment, GroupOutcome, Outcome, Unit
 /// Each group reads the whole trace once, so more groups than cores only costs.
 const MAX_GROUPS: usize = 64;
 
+/// A peak is never below what the dump itself shows (the docs promise it): where the replay
+/// ends below the dump (a trace that does not explain the dump), the dump-time value is the
+/// peak, reached at the last event.
+fn floor_at_dump(peaks: &mut crate::Peaks, finals: &[&Segment], events: &[TraceEvent]) {
+    let (mut allocated, mut reserved, mut active, mut requested) = (0u64, 0u64, 0u64, 0u64);
+    for s in finals {
+        reserved = reserved.saturating_add(s.total_size);
+        for b in &s.blocks {
+            match b.state {
+                memsnap_model::BlockState::Allocated => {
+                    allocated = allocated.saturating_add(b.size);
+                    active = active.saturating_add(b.size);
+                    requested = requested.saturating_add(b.requested_size);
+                }
+                memsnap_model::BlockState::PendingFree => {
+                    active = active.saturating_add(b.size);
+                    requested = requested.saturating_add(b.requested_size);
+                }
+                memsnap_model::BlockState::Inactive => {}
+            }
+        }
+    }
+    let last = events.len().checked_sub(1);
+    let time_us = last.and_then(|i| events[i].has_time().then_some(events[i].time_us));
+    for (peak, dump) in [
+        (&mut peaks.allocated, allocated),
+        (&mut peaks.reserved, reserved),
+        (&mut peaks.active, active),
+        (&mut peaks.requested, requested),
+    ] {
+        if peak.value < dump {
+            *peak = crate::Peak { value: dump, event_index: last, time_us };
+        }
+    }
+}
+
 /// Replay one device; `final_indices` are its segments' indices in the snapshot.
 pub(crate) fn replay_device(snapshot: &Snapshot, device: u32, final_indices: &[usize], rules: &Rules) -> DeviceReplay {
     let events: &[TraceEvent] = snapshot.trace(device).map_or(&[], |t| &t.events);
@@ -50,10 +86,10 @@ pub(crate) fn replay_device(snapshot: &Snapshot, device: u32, final_indices: &[u
     let mut start = StartState::default();
     let mut start_totals = Totals::default();
     for o in outcomes.iter_mut().flat_map(|g| &mut g.outcomes) {
-        start_totals.allocated += o.start.allocated;
-        start_totals.reserved += o.start.reserved;
-        start_totals.active += o.start.active;
-        start_totals.requested += o.start.requested;
+        start_totals.allocated = start_totals.allocated.saturating_add(o.start.allocated);
+        start_totals.reserved = start_totals.reserved.saturating_add(o.start.reserved);
+        start_totals.active = start_totals.active.saturating_add(o.start.active);
+        start_totals.requested = start_totals.requested.saturating_add(o.start.requested);
         start.segments += o.start_segments;
         start.blocks += o.start_blocks;
         start.uncertain_blocks.append(&mut o.uncertain);
@@ -63,9 +99,10 @@ pub(crate) fn replay_device(snapshot: &Snapshot, device: u32, final_indices: &[u
     start.trace_complete = !events.is_empty() && start.segments == 0;
 
     let by_unit: Vec<&Outcome> = place.iter().map(|&(g, k)| &outcomes[g as usize].outcomes[k as usize]).collect();
-    let ((series, peaks), blocks) =
+    let ((series, mut peaks), blocks) =
         rayon::join(|| build_series(events, effects, &outcomes, start_totals), || lifetimes(&owner, &by_unit));
     drop(owner);
+    floor_at_dump(&mut peaks, &finals, events);
 
     let all = || outcomes.iter().flat_map(|g| &g.outcomes);
     let mut end: Vec<&EndSegment> = all().flat_map(|o| &o.end).collect();

@@ -65,12 +65,12 @@ impl SegmentView {
         for b in &self.blocks {
             match b.state {
                 BlockState::Allocated => {
-                    s.allocated_bytes += b.size;
-                    s.requested_bytes += b.requested_size;
+                    s.allocated_bytes = s.allocated_bytes.saturating_add(b.size);
+                    s.requested_bytes = s.requested_bytes.saturating_add(b.requested_size);
                 }
-                BlockState::PendingFree => s.pending_free_bytes += b.size,
+                BlockState::PendingFree => s.pending_free_bytes = s.pending_free_bytes.saturating_add(b.size),
                 BlockState::Inactive => {
-                    s.free_bytes += b.size;
+                    s.free_bytes = s.free_bytes.saturating_add(b.size);
                     s.free_blocks += 1;
                     s.largest_free_bytes = s.largest_free_bytes.max(b.size);
                 }

@@ -256,7 +256,7 @@ impl<'a> Replayer<'a> {
         let unit = self.unit;
         let mut blocks = start.blocks.iter().peekable();
         for &(range_start, range_end) in &unit.reserved_at_start {
-            self.start.reserved += range_end - range_start;
+            self.start.reserved = self.start.reserved.saturating_add(range_end - range_start);
             if unit.expandable {
                 self.extents.push(Extent { address: range_start, size: range_end - range_start, created: None });
             }
@@ -278,10 +278,10 @@ impl<'a> Replayer<'a> {
                     stack: b.stack,
                 });
                 if !b.pending {
-                    self.start.allocated += b.size;
+                    self.start.allocated = self.start.allocated.saturating_add(b.size);
                 }
-                self.start.active += b.size;
-                self.start.requested += b.requested_size;
+                self.start.active = self.start.active.saturating_add(b.size);
+                self.start.requested = self.start.requested.saturating_add(b.requested_size);
                 at = b.address + b.size;
             }
             if at < range_end {
