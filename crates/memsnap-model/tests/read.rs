@@ -484,3 +484,83 @@ fn duplicate_device_traces_key_last_wins() {
     let addrs: Vec<u64> = s.traces[0].events.iter().map(|e| e.addr).collect();
     assert_eq!(addrs, [0x20, 0x10]);
 }
+
+/// Hands out the bytes in small, varying pieces (a fixed sequence, so runs are repeatable), as
+/// pipes and decompressors do: every refill path of the reader's window is crossed.
+struct Pieces<'a> {
+    data: &'a [u8],
+    step: usize,
+}
+
+impl std::io::Read for Pieces<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.step = (self.step * 7 + 3) % 4099;
+        let n = buf.len().min(self.data.len()).min(self.step + 1);
+        buf[..n].copy_from_slice(&self.data[..n]);
+        self.data = &self.data[n..];
+        Ok(n)
+    }
+}
+
+/// The in-memory reader (the reference) and the streamed one (what every CLI input takes) must
+/// give the same model or the same error. Compared as text: a NaN read from a file is unequal
+/// to itself.
+fn assert_stream_agrees(what: &str, data: &[u8]) {
+    let in_memory = read_snapshot(data);
+    let opts = memsnap_model::ReadOptions { size_hint: data.len() as u64, ..Default::default() };
+    let streamed = memsnap_model::read_snapshot_from(Pieces { data, step: 0 }, opts);
+    match (in_memory, streamed) {
+        (Ok(a), Ok(mut b)) => {
+            b.source.peak_built_bytes = a.source.peak_built_bytes;
+            assert_eq!(format!("{a:?}"), format!("{b:?}"), "{what}: the streamed model differs");
+        }
+        (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string(), "{what}"),
+        (a, b) => panic!("{what}: in memory {:?}, streamed {:?}", a.err(), b.err()),
+    }
+}
+
+#[test]
+fn a_stream_reads_every_fixture_as_memory_does() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures");
+    let mut n = 0;
+    for dir in ["dev", "extra", "extra2", "extra3", "variants", "multi", "hostile"] {
+        let Ok(entries) = std::fs::read_dir(root.join(dir)) else { continue };
+        for e in entries.flatten() {
+            let path = e.path();
+            let name = path.to_string_lossy().into_owned();
+            let data = if name.ends_with(".xz") {
+                let mut v = Vec::new();
+                let file = std::fs::File::open(&path).unwrap();
+                if std::io::Read::read_to_end(&mut xz2::read::XzDecoder::new(file), &mut v).is_err() {
+                    continue; // a truncated stream: the CLI tests cover it
+                }
+                v
+            } else if name.ends_with(".pickle") || name.ends_with(".pkl") {
+                std::fs::read(&path).unwrap()
+            } else {
+                continue;
+            };
+            assert_stream_agrees(&name, &data);
+            n += 1;
+        }
+    }
+    assert!(n >= 140, "expected the bundled fixtures, read {n}");
+}
+
+#[test]
+fn fuzz_findings_read_the_same_streamed() {
+    // Zero bytes, then others: both readers judge the same first 8 bytes.
+    let mut zeros = vec![0u8; 40];
+    zeros.extend_from_slice(b"\x80\x04N.");
+    assert_stream_agrees("zeros first", &zeros);
+    let e = read_snapshot(&zeros).unwrap_err().to_string();
+    assert!(e.contains("(starts with zero bytes)"), "{e}");
+    // A NaN in the settings: the models agree though NaN != NaN.
+    let nan = small(|top| {
+        top.insert(
+            HV::String("allocator_settings".into()),
+            dict(vec![("garbage_collection_threshold", PV::F64(f64::NAN))]),
+        );
+    });
+    assert_stream_agrees("NaN setting", &nan);
+}
