@@ -201,3 +201,17 @@ fn sizes_that_sum_past_2_to_the_64_saturate_with_a_caveat_and_fail_gates() {
     let v = memsnap(&["analyze", f, "--json"]).json();
     assert!(v["devices"][0]["peak_reserved_bytes"].is_null() || v["devices"][0]["peak_reserved_bytes"] == u64::MAX);
 }
+
+#[test]
+fn a_peak_is_never_below_the_dump() {
+    // The trace allocates 512 bytes where the dump shows a 1 MiB block: the replay ends below
+    // the dump. The peak is the dump's value, at the last event (not 512).
+    let f = fixture("hostile/ok_trace_below_dump.pickle");
+    let v = memsnap(&["analyze", f.to_str().unwrap(), "--json"]).json();
+    let d = &v["devices"][0];
+    assert_eq!(d["allocated_bytes"], 1 << 20);
+    assert_eq!(d["peak_allocated_bytes"], 1 << 20, "{d}");
+    assert_eq!(d["peak_active_bytes"], 1 << 20, "{d}");
+    assert_eq!(d["peak_event_index"], 1);
+    assert_eq!(d["replay_matches_snapshot"], false);
+}
