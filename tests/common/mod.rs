@@ -144,6 +144,8 @@ pub fn measured(args: &[&str], limit_as: Option<u64>) -> Measured {
             });
         }
     }
+    // Reaped below with wait4 (which also gives the peak RSS), not with `Child::wait`.
+    #[allow(clippy::zombie_processes)]
     let child = cmd.spawn().unwrap();
     let pid = child.id() as libc::pid_t;
     let watchdog = std::thread::spawn(move || {

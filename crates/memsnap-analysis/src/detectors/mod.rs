@@ -309,7 +309,7 @@ impl Context<'_> {
                 && g.sizes.len() >= 2
                 && g.param_sized_bytes * 2 >= g.bytes;
         }
-        groups.sort_by(|a, b| a.line.cmp(&b.line));
+        groups.sort_by_key(|g| g.line);
         groups
     }
 

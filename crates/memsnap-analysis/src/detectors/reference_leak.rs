@@ -10,6 +10,7 @@
 //! - tensors made by the user's code outside any model call (not construction, not optimizer);
 //! - tensors made by the autograd engine that are not parameter gradients (a backward hook);
 //! - with no stacks at all, growth that cannot be placed;
+//!
 //! and they must come from `min_leak_occurrences` occurrences or more (a leak repeats).
 //! With no trace at all (state-only recordings) it reads the dump: many live blocks from one line.
 //! Near misses: the last step's tensors alive at the dump; a bounded cache that evicts.
@@ -114,7 +115,7 @@ impl Detector for ReferenceLeak {
         }
         // Tensors outside forward passes.
         let gradient_lines: Vec<Option<FrameId>> =
-            cx.kept_backward_groups().into_iter().filter(|g| g.gradient_like).map(|g| g.line).collect();
+            cx.kept_backward_groups().iter().filter(|g| g.gradient_like).map(|g| g.line).collect();
         for (bi, b) in cx.replay.blocks.iter().enumerate() {
             if lc.unit_of(bi).is_some() {
                 continue;

@@ -36,7 +36,7 @@ impl Detector for UnreleasedGradient {
     fn detect(&self, cx: &Context) -> Vec<Finding> {
         let mut out = Vec::new();
         let mut leak_lines = Vec::new();
-        for g in cx.kept_backward_groups().into_iter().filter(|g| g.gradient_like) {
+        for g in cx.kept_backward_groups().iter().filter(|g| g.gradient_like) {
             let eligible = cx.backward_iterations(g.line).len();
             if !cx.is_growth(g.kept_iterations.len(), eligible) {
                 continue;
@@ -78,7 +78,9 @@ fn through_evaluation(cx: &Context, leak_lines: &[Option<FrameId>]) -> Option<Fi
     let real = |w: &crate::phases::Span| {
         cx.lifecycle.units.iter().any(|u| u.fate == UnitFate::Unconsumed && w.contains(u.pass_span.start))
     };
-    let mut best: Option<(u64, usize, Vec<usize>, BTreeMap<Option<FrameId>, u64>)> = None;
+    // (bytes, window index, its blocks, bytes by user line)
+    type Best = (u64, usize, Vec<usize>, BTreeMap<Option<FrameId>, u64>);
+    let mut best: Option<Best> = None;
     for (wi, w) in phases.eval_windows.iter().enumerate().take(64) {
         if !phases.backwards.iter().any(|b| b.span.end <= w.start) || !real(w) {
             continue;
