@@ -30,7 +30,8 @@ fn writers(snap: &str, out: &str) -> Vec<Vec<String>> {
     let v = |a: &[&str]| a.iter().map(|x| x.to_string()).collect::<Vec<_>>();
     vec![
         v(&["report", snap, "-o", out, "--format", "html"]),
-        v(&["flamegraph", snap, "-o", out]),
+        // --folded: the output names here (out.link, /dev/full) have no extension to go by.
+        v(&["flamegraph", snap, "--folded", "-o", out]),
         v(&["batch", "fixtures/dev", "-o", out]),
     ]
 }

@@ -139,6 +139,26 @@ fn flamegraph_svg_and_devices() {
 }
 
 #[test]
+fn flamegraph_refuses_an_output_name_it_would_not_honour() {
+    // `-o x.png` used to write an SVG under a PNG name: now an error before any work, and
+    // nothing is written.
+    let dir = tempfile::tempdir().unwrap();
+    let input = fixture("dev/s10_streams.pickle.xz");
+    for name in ["x.png", "x.html", "x"] {
+        let out = dir.path().join(name);
+        let run = memsnap(&["flamegraph", s(&input), "-o", s(&out)]);
+        assert_eq!(run.code, Some(2), "{name}: {}", run.stderr);
+        assert!(run.stderr.contains("cannot tell the format from the extension; use .svg"), "{}", run.stderr);
+        assert!(!out.exists(), "{name} was written");
+    }
+    // --folded says the format whatever the name.
+    let out = dir.path().join("stacks.data");
+    let run = memsnap(&["flamegraph", s(&input), "--folded", "-o", s(&out)]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(std::fs::read_to_string(&out).unwrap().lines().all(|l| l.rsplit_once(' ').is_some()));
+}
+
+#[test]
 fn folded_golden() {
     let run = memsnap(&["flamegraph", s(&fixture("dev/s10_streams.pickle.xz")), "--folded"]);
     assert_eq!(run.code, Some(0), "{}", run.stderr);

@@ -63,10 +63,27 @@ fn parse_at(s: &str) -> anyhow::Result<At> {
     }
 }
 
+/// Whether to write folded stacks (else SVG): `--folded`, else the output's extension (`.folded`
+/// or `.txt` folded, `.svg` or stdout SVG). Any other extension is an error, as for `report`,
+/// rather than an SVG under a name that says otherwise (`-o x.png`).
+fn folded_output(output: &std::path::Path, folded: bool) -> anyhow::Result<bool> {
+    if folded {
+        return Ok(true);
+    }
+    match output.extension().and_then(|e| e.to_str()).map(|e| e.to_ascii_lowercase()).as_deref() {
+        Some("folded" | "txt") => Ok(true),
+        Some("svg") => Ok(false),
+        _ if output.as_os_str() == "-" => Ok(false),
+        _ => anyhow::bail!(
+            "{}: cannot tell the format from the extension; use .svg for an SVG, .folded or .txt for folded stacks, or --folded",
+            crate::cmd::shown_path(output)
+        ),
+    }
+}
+
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let at = parse_at(&args.at)?;
-    let by_name = args.output.extension().and_then(|e| e.to_str()).is_some_and(|e| e == "folded" || e == "txt");
-    let folded_out = args.folded || by_name;
+    let folded_out = folded_output(&args.output, args.folded)?;
     let a = analyze_file(&args.file)?;
     let snap = &a.loaded.snapshot;
     let stacks = &a.analysis.stacks;
