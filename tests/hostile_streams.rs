@@ -155,6 +155,13 @@ fn batch_reads_only_regular_files_from_directories() {
         let rows = std::fs::read_to_string(&out).unwrap();
         assert_eq!(rows.lines().count(), 1, "{rows}");
     }
+    // The warnings show the directory's name escaped, like every other path on stderr.
+    let odd = tempfile::tempdir().unwrap();
+    let empty = odd.path().join("runs\x1b]0;T\x07");
+    std::fs::create_dir(&empty).unwrap();
+    let run = memsnap(&["batch", empty.to_str().unwrap()]);
+    assert!(run.stderr.contains("runs\\x1b]0;T\\x07: no snapshot files"), "{}", run.stderr);
+    assert!(!run.stderr.contains('\x1b'), "{:?}", run.stderr);
 }
 
 #[test]

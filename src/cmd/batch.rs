@@ -394,7 +394,7 @@ impl Discovery {
             if self.inputs.len() == before {
                 eprintln!(
                     "memsnap: warning: {}: no snapshot files (*.pickle, *.pkl, optionally .gz/.zst/.xz) in this directory",
-                    path.display()
+                    shown_path(&path)
                 );
             }
         } else {
@@ -435,7 +435,7 @@ impl Discovery {
 
     /// A FIFO, socket or device found under a directory or by a pattern: not read.
     fn skip_special(&mut self, path: &Path) {
-        eprintln!("memsnap: warning: {}: not a regular file (a FIFO, socket or device): skipped", path.display());
+        eprintln!("memsnap: warning: {}: not a regular file (a FIFO, socket or device): skipped", shown_path(path));
         self.skipped += 1;
     }
 
