@@ -82,6 +82,15 @@ fn pipes_and_special_files_are_read_as_streams() {
         assert_eq!(v["pickle_bytes"], from_file["pickle_bytes"], "{arg}");
         assert!(v["pickle_bytes"].as_u64().is_some_and(|b| b > 0));
     }
+    // Compressed stdin: the file size is the compressed bytes read, the pickle size what they
+    // decompress to (before, both were the decompressed size).
+    let run = memsnap_in(None, &["summary", "-"], Some(&bytes));
+    let want = format!("file: {} bytes (xz compressed, {} pickle bytes)", bytes.len(), from_file["pickle_bytes"]);
+    assert!(run.stdout.contains(&want), "{}", run.stdout);
+    let run = memsnap_in(None, &["batch", "-"], Some(&bytes));
+    let row: serde_json::Value = serde_json::from_str(run.stdout.lines().next().unwrap()).unwrap();
+    assert_eq!(row["file_bytes"], bytes.len() as u64);
+    assert_eq!(row["pickle_bytes"], from_file["pickle_bytes"]);
     // Devices and /proc files are judged by their bytes, not by their reported size.
     let line = one_error_line("/dev/zero", &memsnap(&["summary", "/dev/zero"]));
     assert!(
