@@ -6,6 +6,7 @@ mod cmd;
 mod input;
 mod json_stream;
 mod load;
+mod moment;
 mod output;
 mod size;
 

@@ -117,7 +117,7 @@ fn folded_flamegraph_sums_to_allocated_bytes() {
         let run = memsnap(&["flamegraph", s(&input), "--folded", "--at", &format!("event:{idx}")]);
         assert_eq!(folded_sum(&run.stdout), peak, "{}: event:{idx}", input.display());
         let t = dev["peak_time_us"].as_i64().unwrap();
-        let run = memsnap(&["flamegraph", s(&input), "--folded", "--at", &t.to_string()]);
+        let run = memsnap(&["flamegraph", s(&input), "--folded", "--at", &format!("us:{t}")]);
         assert_eq!(run.code, Some(0), "{}", run.stderr);
         assert!(folded_sum(&run.stdout) > 0);
     }
@@ -168,4 +168,39 @@ fn folded_golden() {
     }
     let expected = std::fs::read_to_string(&path).expect("golden (UPDATE_GOLDEN=1 creates it)");
     assert_eq!(run.stdout, expected, "UPDATE_GOLDEN=1 regenerates");
+}
+
+#[test]
+fn segments_and_flamegraph_share_one_moment_grammar() {
+    let input = fixture("dev/s03_loss_history_leak.pickle.xz");
+    let last = 8726; // the trace has events 0..=8726
+    for cmd in [&["segments"][..], &["flamegraph", "--folded"]] {
+        for at in ["start", "peak", "end", "event:5000", "+0.1s", "+250ms", "iteration:2", "us:1795964642000000"] {
+            let mut args = cmd.to_vec();
+            args.extend_from_slice(&[s(&input), "--at", at]);
+            let run = memsnap(&args);
+            assert_eq!(run.code, Some(0), "{args:?}: {}", run.stderr);
+        }
+        // Outside the trace, or ambiguous: exit 2 and the valid range.
+        for (at, says) in [
+            ("event:99999", format!("this device's trace has events 0 to {last}")),
+            ("+5s", "outside the trace, which runs from us:".to_string()),
+            ("iteration:999", "there are iterations 1 to".to_string()),
+            ("oom", "no out-of-memory event".to_string()),
+            ("12", "a bare number is ambiguous".to_string()),
+        ] {
+            let mut args = cmd.to_vec();
+            args.extend_from_slice(&[s(&input), "--at", at]);
+            let run = memsnap(&args);
+            assert_eq!(run.code, Some(2), "{args:?}: {}", run.stderr);
+            assert!(run.stderr.contains(&says), "{args:?}: {}", run.stderr);
+        }
+    }
+    // The moment is the event named (segments used to reject event:N), and a relative time
+    // names the last event at or before it, as its epoch time does.
+    let at =
+        |m: &str| memsnap(&["segments", s(&input), "--at", m, "--json"]).json()["devices"][0]["event_index"].clone();
+    assert_eq!(at("event:5000"), 5000);
+    assert_eq!(at("start"), serde_json::Value::Null);
+    assert_eq!(at("+0.1s"), at("us:1795964641995029"), "+0.1s after the first event at us:1795964641895029");
 }

@@ -1,4 +1,4 @@
-//! `memsnap flamegraph FILE [--at peak|end|TIME_US|event:N] [--folded] [-o OUT]`: live memory
+//! `memsnap flamegraph FILE [--at MOMENT] [--folded] [-o OUT]`: live memory
 //! by stack at one moment, as folded stacks (the `flamegraph.pl`/inferno/speedscope format,
 //! bytes as counts) or as an SVG icicle chart with the user's frames highlighted.
 
@@ -6,22 +6,22 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use memsnap_analysis::{find_phases, moment, LiveBlock};
-use memsnap_replay::event_at_time;
 use memsnap_report::text::{fmt_bytes, fmt_count};
 use memsnap_report::{flamegraph_svg, folded_text, live_folded, FlameOptions};
 
 use crate::cmd::analyze::analyze_file;
 use crate::cmd::report::{write_output, Content};
 use crate::cmd::summary::file_name;
+use crate::moment::At;
 
 #[derive(clap::Args)]
 pub struct Args {
     /// Snapshot file (`-` for stdin); gzip, zstd and xz are detected by content.
     pub file: PathBuf,
-    /// The moment: `peak` (of allocated bytes), `end` (after the last event), a trace time in
-    /// microseconds (`time_us`, as `analyze` prints it), or `event:N` (after event N).
-    #[arg(long, default_value = "peak")]
-    pub at: String,
+    /// The moment: `start`, `peak` (of allocated bytes), `end` (after the last event), `oom`,
+    /// `event:N`, `+1.25s` (after the trace start), `iteration:K` or `us:EPOCH`.
+    #[arg(long, default_value = "peak", value_parser = crate::moment::parse)]
+    pub at: At,
     /// Write folded stacks (`outer;…;inner BYTES` lines) instead of an SVG. Also chosen by an
     /// output name ending in `.folded` or `.txt`.
     #[arg(long)]
@@ -36,31 +36,6 @@ pub struct Args {
     /// Width of the SVG in pixels.
     #[arg(long, default_value_t = 1200)]
     pub width: u32,
-}
-
-enum At {
-    Peak,
-    End,
-    Time(i64),
-    Event(u32),
-}
-
-fn parse_at(s: &str) -> anyhow::Result<At> {
-    match s {
-        "peak" => Ok(At::Peak),
-        "end" => Ok(At::End),
-        _ => {
-            if let Some(n) = s.strip_prefix("event:") {
-                return n
-                    .parse()
-                    .map(At::Event)
-                    .map_err(|_| anyhow::anyhow!("--at {s}: expected event:N with N an event index"));
-            }
-            s.parse()
-                .map(At::Time)
-                .map_err(|_| anyhow::anyhow!("--at {s}: expected peak, end, a time in microseconds, or event:N"))
-        }
-    }
 }
 
 /// Whether to write folded stacks (else SVG): `--folded`, else the output's extension (`.folded`
@@ -82,7 +57,7 @@ fn folded_output(output: &std::path::Path, folded: bool) -> anyhow::Result<bool>
 }
 
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
-    let at = parse_at(&args.at)?;
+    let at = args.at;
     let folded_out = folded_output(&args.output, args.folded)?;
     let a = analyze_file(&args.file)?;
     let snap = &a.loaded.snapshot;
@@ -107,20 +82,12 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         let (blocks, when): (Vec<LiveBlock>, String) = match at {
             At::Peak => (da.peak_blocks.clone(), "at the peak".into()),
             At::End => (da.end_blocks.clone(), "at the end of the trace".into()),
-            At::Time(_) | At::Event(_) => {
-                let idx = match at {
-                    At::Time(t) => event_at_time(events, t),
-                    At::Event(i) => {
-                        if events.is_empty() {
-                            None
-                        } else {
-                            Some((i as usize).min(events.len() - 1))
-                        }
-                    }
-                    _ => unreachable!(),
-                };
+            _ => {
                 let annotations = annotations.get(&da.device).map_or(&[][..], |a| &a[..]);
                 let phases = find_phases(events, stacks, annotations);
+                let idx = at
+                    .resolve(events, d.peaks.allocated.event_index, || phases.boundaries.clone())
+                    .map_err(|e| anyhow::anyhow!("device {}: {e}", da.device))?;
                 let (_, blocks) = moment(snap, stacks, &phases, d, idx.map(|i| i as u32));
                 let when = match idx {
                     Some(i) => format!("after event {}", fmt_count(i as u64)),

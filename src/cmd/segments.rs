@@ -1,4 +1,4 @@
-//! `memsnap segments FILE [--at TIME_US|peak|end|start] [--json] [--device D]`: the segment map
+//! `memsnap segments FILE [--at MOMENT] [--json] [--device D]`: the segment map
 //! at a moment of the trace, rebuilt by the exact replay, with per-segment allocated, free and
 //! fragmentation (the `_memory_viz segsum` view, at any time rather than only at dump).
 
@@ -6,23 +6,25 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use memsnap_analysis::{find_phases, StackTable};
 use memsnap_model::{BlockState, SegmentType, Snapshot, TraceEvent};
-use memsnap_replay::{event_at_time, DeviceReplay, MemoryMap, Replay, SegmentStats, SegmentView};
+use memsnap_replay::{DeviceReplay, MemoryMap, Replay, SegmentStats, SegmentView};
 use serde_json::{json, Value};
 
 use crate::cmd::summary::file_name;
 use crate::cmd::{emit, emit_json, shown_path};
 use crate::load::load;
+use crate::moment::At;
 
 #[derive(clap::Args)]
 pub struct Args {
     /// Snapshot file (`-` for stdin); gzip, zstd and xz are detected by content.
     pub file: PathBuf,
     /// When: `end` (after the last event, as dumped), `peak` (peak allocated bytes), `start`
-    /// (before the first event), or a time in microseconds since the epoch (the layout after the
-    /// last event at or before it).
-    #[arg(long, default_value = "end", value_parser = parse_moment)]
-    pub at: Moment,
+    /// (before the first event), `oom`, `event:N`, `+1.25s` (after the trace start),
+    /// `iteration:K` or `us:EPOCH` (the layout after the last event at or before it).
+    #[arg(long, default_value = "end", value_parser = crate::moment::parse)]
+    pub at: At,
     /// Machine-readable output (see docs/json.md), blocks included.
     #[arg(long)]
     pub json: bool,
@@ -31,42 +33,24 @@ pub struct Args {
     pub device: Option<u32>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Moment {
-    Start,
-    Peak,
-    End,
-    Time(i64),
-}
-
-fn parse_moment(s: &str) -> Result<Moment, String> {
-    match s {
-        "start" => Ok(Moment::Start),
-        "peak" => Ok(Moment::Peak),
-        "end" => Ok(Moment::End),
-        _ => s.parse().map(Moment::Time).map_err(|_| format!("expected start, peak, end or a time in us, not `{s}`")),
-    }
-}
-
-impl Moment {
-    fn name(self) -> String {
-        match self {
-            Moment::Start => "start".into(),
-            Moment::Peak => "peak".into(),
-            Moment::End => "end".into(),
-            Moment::Time(t) => t.to_string(),
+/// The layout `at` names, for one device.
+fn state(at: At, snap: &Snapshot, d: &DeviceReplay) -> anyhow::Result<MemoryMap> {
+    Ok(match at {
+        At::Start => d.state_after(None),
+        At::Peak => d.state_at_peak(),
+        At::End => d.state_at_end(),
+        _ => {
+            let events = events(snap, d.device);
+            let iteration_starts = || {
+                let annotations = snap.annotations_by_device().remove(&d.device).unwrap_or_default();
+                find_phases(events, &StackTable::new(snap), &annotations).boundaries
+            };
+            let idx = at
+                .resolve(events, d.peaks.allocated.event_index, iteration_starts)
+                .map_err(|e| anyhow::anyhow!("device {}: {e}", d.device))?;
+            d.state_after(idx)
         }
-    }
-
-    /// The layout this moment names, for one device.
-    fn state(self, d: &DeviceReplay, events: &[TraceEvent]) -> MemoryMap {
-        match self {
-            Moment::Start => d.state_after(None),
-            Moment::Peak => d.state_at_peak(),
-            Moment::End => d.state_at_end(),
-            Moment::Time(t) => d.state_after(event_at_time(events, t)),
-        }
-    }
+    })
 }
 
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
@@ -75,7 +59,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let replay = memsnap_replay::replay(snap);
     let devices = select_devices(&replay, args.device)?;
     let maps: Vec<(&DeviceReplay, MemoryMap)> =
-        devices.into_iter().map(|d| (d, args.at.state(d, events(snap, d.device)))).collect();
+        devices.into_iter().map(|d| Ok((d, state(args.at, snap, d)?))).collect::<anyhow::Result<_>>()?;
     if args.json {
         let doc = json!({
             "schema_version": 1,
