@@ -9,14 +9,11 @@ use common::{map_layout, snapshot_layout};
 use memsnap_model::{read_snapshot, BlockState, Snapshot};
 use memsnap_replay::{replay, DeviceReplay};
 
-fn dev_dir() -> Option<PathBuf> {
+/// The shared dev snapshots (the tests that call this are ignored when the build found none).
+fn dev_dir() -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/snapshots/dev");
-    if dir.is_dir() {
-        Some(dir)
-    } else {
-        eprintln!("skipped: {} is absent", dir.display());
-        None
-    }
+    assert!(dir.is_dir(), "{} is gone since the build detected it (touch build.rs)", dir.display());
+    dir
 }
 
 /// Every dev snapshot with its truth file (`cpp_pickler.cpp.pickle` shares `cpp_pickler`'s).
@@ -69,8 +66,9 @@ fn device0(snapshot: &Snapshot) -> DeviceReplay {
 /// covers its process's peak (s11's ring buffer wrapped, but after the peak; s08's OOM creates
 /// no block), so the peaks must match too.
 #[test]
+#[cfg_attr(not(memsnap_shared), ignore = "needs ../shared beside the checkout")]
 fn dev_files_replay_exactly() {
-    let Some(dir) = dev_dir() else { return };
+    let dir = dev_dir();
     let mut failures = Vec::new();
     for (name, path, truth_path) in dev_files(&dir) {
         let t = truth(&truth_path);
@@ -130,8 +128,9 @@ fn dev_files_replay_exactly() {
 
 /// The layout rebuilt from lifetimes after the last event is the snapshot's segment table.
 #[test]
+#[cfg_attr(not(memsnap_shared), ignore = "needs ../shared beside the checkout")]
 fn state_at_end_is_the_snapshot() {
-    let Some(dir) = dev_dir() else { return };
+    let dir = dev_dir();
     for (name, path, _) in dev_files(&dir) {
         let snapshot = load(&path);
         let d = device0(&snapshot);
@@ -144,8 +143,9 @@ fn state_at_end_is_the_snapshot() {
 
 /// 1 and 3 threads give the same replay, on every dev file.
 #[test]
+#[cfg_attr(not(memsnap_shared), ignore = "needs ../shared beside the checkout")]
 fn thread_count_does_not_change_the_result() {
-    let Some(dir) = dev_dir() else { return };
+    let dir = dev_dir();
     let pool = |n| rayon::ThreadPoolBuilder::new().num_threads(n).build().unwrap();
     let (one, three) = (pool(1), pool(3));
     for (name, path, _) in dev_files(&dir) {
