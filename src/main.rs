@@ -47,6 +47,13 @@ enum Command {
     Check(cmd::check::Args),
     /// Compare two snapshots: peaks, sites, categories, suspects.
     Diff(cmd::diff::Args),
+    /// Print a shell completion script: `memsnap completions bash > /etc/bash_completion.d/memsnap`.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff): `memsnap man > /usr/local/share/man/man1/memsnap.1`.
+    Man,
 }
 
 fn main() -> ExitCode {
@@ -62,6 +69,19 @@ fn main() -> ExitCode {
         Command::Batch(a) => cmd::batch::run(a),
         Command::Check(a) => cmd::check::run(a),
         Command::Diff(a) => cmd::diff::run(a),
+        Command::Completions { shell } => {
+            let mut out = Vec::new();
+            clap_complete::generate(*shell, &mut <Cli as clap::CommandFactory>::command(), "memsnap", &mut out);
+            cmd::emit_raw(&String::from_utf8_lossy(&out)).map(|()| ExitCode::SUCCESS)
+        }
+        Command::Man => {
+            let mut out = Vec::new();
+            clap_mangen::Man::new(<Cli as clap::CommandFactory>::command())
+                .render(&mut out)
+                .map_err(anyhow::Error::from)
+                .and_then(|()| cmd::emit_raw(&String::from_utf8_lossy(&out)))
+                .map(|()| ExitCode::SUCCESS)
+        }
     };
     match result {
         Ok(code) => code,

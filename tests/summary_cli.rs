@@ -287,3 +287,27 @@ fn text_summary_reports_the_same_numbers() {
     assert!(reserved.contains("111149056"), "{reserved}");
     assert!(run.stdout.contains("pickle protocol 4, producer python-pickler"), "{}", run.stdout);
 }
+
+#[test]
+fn completions_and_man_page_cover_every_command() {
+    let commands =
+        ["summary", "analyze", "timeline", "segments", "trace", "report", "flamegraph", "batch", "check", "diff"];
+    let bash = common::memsnap(&["completions", "bash"]);
+    assert_eq!(bash.code, Some(0), "{}", bash.stderr);
+    for c in commands {
+        assert!(bash.stdout.contains(&format!("memsnap,{c}")), "bash completion lacks {c}");
+    }
+    assert!(bash.stdout.contains("--max-inflight-bytes"), "options are completed too");
+    for shell in ["zsh", "fish", "elvish", "powershell"] {
+        let run = common::memsnap(&["completions", shell]);
+        assert_eq!(run.code, Some(0), "{shell}: {}", run.stderr);
+        assert!(run.stdout.contains("flamegraph"), "{shell}");
+    }
+    assert_eq!(common::memsnap(&["completions", "tcsh"]).code, Some(2));
+    let man = common::memsnap(&["man"]);
+    assert_eq!(man.code, Some(0), "{}", man.stderr);
+    assert!(man.stdout.contains(".TH memsnap 1"), "roff header");
+    for c in commands {
+        assert!(man.stdout.contains(&format!("memsnap\\-{c}")), "man page lacks {c}");
+    }
+}
