@@ -204,3 +204,19 @@ fn segments_and_flamegraph_share_one_moment_grammar() {
     assert_eq!(at("start"), serde_json::Value::Null);
     assert_eq!(at("+0.1s"), at("us:1795964641995029"), "+0.1s after the first event at us:1795964641895029");
 }
+
+#[test]
+fn flamegraph_hides_native_frames_unless_asked() {
+    // A stacks="all" recording: C++ and interpreter frames (`?? :0`, `.cpp`) interleave the
+    // Python ones. Hidden by default, merged into the Python stacks; --native keeps them. The
+    // bytes are the same either way.
+    let input = fixture("extra/x05_clean_lm_stacks_all.pickle.xz");
+    let plain = memsnap(&["flamegraph", s(&input), "--folded"]);
+    let native = memsnap(&["flamegraph", s(&input), "--folded", "--native"]);
+    assert_eq!(plain.code, Some(0), "{}", plain.stderr);
+    assert!(native.stdout.contains("??"), "the recording has native frames");
+    assert!(!plain.stdout.contains("??"), "{}", plain.stdout);
+    assert_eq!(folded_sum(&plain.stdout), folded_sum(&native.stdout));
+    let svg = memsnap(&["flamegraph", s(&input)]);
+    assert!(svg.stdout.contains("C++ frames hidden (--native shows them)"));
+}

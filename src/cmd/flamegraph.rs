@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use memsnap_analysis::{find_phases, moment, LiveBlock};
 use memsnap_report::text::{fmt_bytes, fmt_count};
-use memsnap_report::{flamegraph_svg, folded_text, live_folded, FlameOptions};
+use memsnap_report::{flamegraph_svg, folded_text, live_folded, without_native_frames, FlameOptions};
 
 use crate::cmd::analyze::analyze_file;
 use crate::cmd::report::{write_output, Content};
@@ -26,6 +26,11 @@ pub struct Args {
     /// output name ending in `.folded` or `.txt`.
     #[arg(long)]
     pub folded: bool,
+    /// Keep C++ and interpreter frames (`??:0`, `.cpp`, …) in stacks that also have Python
+    /// frames. By default they are left out: a `stacks="all"` recording interleaves dozens of
+    /// them that bury the Python frames (the bytes stay, merged into the Python stacks).
+    #[arg(long)]
+    pub native: bool,
     /// Only this device (default: every device; with several, each stack starts with
     /// `[cuda:N]`).
     #[arg(long)]
@@ -105,6 +110,13 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         }
     }
     folded.sort();
+    let hidden_native = if args.native {
+        false
+    } else {
+        let (kept, hidden) = without_native_frames(folded);
+        folded = kept;
+        hidden
+    };
 
     let (text, content) = if folded_out {
         (folded_text(&folded), Content::Text)
@@ -116,7 +128,13 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             &FlameOptions {
                 width: args.width as f64,
                 title: format!("Live memory by stack: {name}, {dev}"),
-                subtitle: format!("{} in {} blocks {}", fmt_bytes(total), fmt_count(blocks_n as u64), whens.join("; ")),
+                subtitle: format!(
+                    "{} in {} blocks {}{}",
+                    fmt_bytes(total),
+                    fmt_count(blocks_n as u64),
+                    whens.join("; "),
+                    if hidden_native { " · C++ frames hidden (--native shows them)" } else { "" }
+                ),
                 root_label: "all allocated memory".into(),
                 ..FlameOptions::default()
             },

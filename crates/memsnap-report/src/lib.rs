@@ -283,7 +283,7 @@ fn device_report(
                 "{} in {} blocks {when}. Outermost frame on top; frameless backward allocations sit under the .backward() line that launched them.{}",
                 fmt_bytes(peak.allocated),
                 fmt_count(da.peak_blocks.len() as u64),
-                if hidden_native { " C++ frames hidden (memsnap flamegraph shows them)." } else { "" }
+                if hidden_native { " C++ frames hidden (memsnap flamegraph --native shows them)." } else { "" }
             ),
             root_label: "all allocated memory at the peak".into(),
             ..FlameOptions::default()
@@ -362,7 +362,7 @@ fn device_report(
 /// Drop C++ frames from stacks that also have Python frames (`stacks="all"` interleaves
 /// dozens of interpreter and dispatcher frames that bury the Python ones). Returns the merged
 /// stacks, sorted, and whether anything was dropped.
-fn without_native_frames(folded: Vec<(String, u64)>) -> (Vec<(String, u64)>, bool) {
+pub fn without_native_frames(folded: Vec<(String, u64)>) -> (Vec<(String, u64)>, bool) {
     use flame::{classify, FrameClass};
     let mut dropped = false;
     let mut merged: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
