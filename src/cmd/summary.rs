@@ -43,7 +43,9 @@ pub fn lacks(snap: &Snapshot) -> Vec<String> {
         let (blocks, bytes) = pre_trace_blocks(snap);
         if blocks > 0 {
             out.push(format!(
-                "trace starts mid-run: {blocks} blocks ({bytes} bytes) alive at dump were allocated before the first event (recording started late, or the ring buffer wrapped); they have no allocation stack"
+                "trace starts mid-run: {} ({}, {bytes} bytes) alive at dump were allocated before the first event (recording started late, or the ring buffer wrapped); they have no allocation stack",
+                memsnap_model::count_of(blocks, "block"),
+                memsnap_model::format_bytes(bytes, 2)
             ));
         }
         let untimed: u64 = snap.trace_facts().iter().map(|f| f.events_without_time).sum();

@@ -120,7 +120,7 @@ fn kept(n: usize, every: usize) -> impl Iterator<Item = usize> {
 
 fn header(out: &mut String, d: &DeviceReplay, events: &[TraceEvent]) {
     let s = &d.start;
-    let _ = writeln!(out, "\ndevice {}: {} events", d.device, d.event_count);
+    let _ = writeln!(out, "\ndevice {}: {}", d.device, memsnap_model::count_of(d.event_count as u64, "event"));
     let _ = writeln!(
         out,
         "  start: allocated {}, reserved {}; trace complete: {}; uncertain at start: {} in {} blocks",

@@ -36,7 +36,13 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     for d in devices {
         let events = snap.trace(d.device).map_or(&[][..], |t| t.events.as_slice());
         let first_time = events.iter().find(|e| e.has_time()).map(|e| e.time_us);
-        let _ = writeln!(out, "\ndevice {}: {} events{}", d.device, d.event_count, start_note(d));
+        let _ = writeln!(
+            out,
+            "\ndevice {}: {}{}",
+            d.device,
+            memsnap_model::count_of(d.event_count as u64, "event"),
+            start_note(d)
+        );
         if let Some(t) = first_time {
             let _ = writeln!(out, "times are seconds after the first event ({t} us since the epoch)");
         }

@@ -407,6 +407,16 @@ pub fn format_bytes(b: u64, decimals: usize) -> String {
     }
 }
 
+/// `1 block`, `3 blocks`: a count with its noun, singular for one. `noun` is the singular; the
+/// plural adds `s` (every noun memsnap counts does).
+pub fn count_of(n: u64, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
 /// The entry for `device` in a table sorted by device (every per-device table in memsnap is), in
 /// O(log n): a lookup per device must not make per-device work quadratic.
 pub fn find_device<T>(sorted: &[T], device: u32, key: impl Fn(&T) -> u32) -> Option<&T> {

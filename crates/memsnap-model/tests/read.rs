@@ -564,3 +564,10 @@ fn fuzz_findings_read_the_same_streamed() {
     });
     assert_stream_agrees("NaN setting", &nan);
 }
+
+#[test]
+fn counts_read_as_words() {
+    assert_eq!(memsnap_model::count_of(1, "block"), "1 block");
+    assert_eq!(memsnap_model::count_of(0, "block"), "0 blocks");
+    assert_eq!(memsnap_model::count_of(12, "event"), "12 events");
+}
