@@ -209,7 +209,9 @@ impl<R: Read> ReadSource<R> {
     }
 
     /// Read until `n` bytes follow the cursor or the input ends; returns how many follow.
-    /// `n` must be at most [`WINDOW`].
+    /// `n` must be at most [`WINDOW`]. Out of line: it runs once per window, not per byte.
+    #[cold]
+    #[inline(never)]
     fn fill(&mut self, n: usize) -> Result<usize, Fault> {
         debug_assert!(n <= WINDOW);
         if self.end - self.pos >= n {
@@ -262,7 +264,7 @@ impl<'a, R: Read> Source<'a> for ReadSource<R> {
             None => self.offset(),
         }
     }
-    #[inline]
+    #[inline(always)]
     fn next_byte(&mut self) -> Result<Option<u8>, Fault> {
         if self.pos == self.end && self.fill(1)? == 0 {
             return Ok(None);
@@ -271,7 +273,7 @@ impl<'a, R: Read> Source<'a> for ReadSource<R> {
         self.pos += 1;
         Ok(Some(b))
     }
-    #[inline]
+    #[inline(always)]
     fn array<const N: usize>(&mut self) -> Result<[u8; N], Fault> {
         if self.end - self.pos < N {
             let got = self.fill(N)?;

@@ -205,7 +205,7 @@ impl<'a, S: Source<'a>> Vm<'a, '_, S> {
         PickleError { offset: self.op_start as usize, opcode: Some(self.op), kind }
     }
 
-    #[inline]
+    #[inline(always)]
     fn array<const N: usize>(&mut self) -> Result<[u8; N], PickleError> {
         let (at, op) = (self.op_start, self.op);
         self.src.array::<N>().map_err(|f| fault(at, op, f, N as u64))
@@ -225,15 +225,15 @@ impl<'a, S: Source<'a>> Vm<'a, '_, S> {
         self.src.bytes(n).map_err(|f| fault(at, op, f, n))
     }
 
-    #[inline]
+    #[inline(always)]
     fn u8(&mut self) -> Result<u8, PickleError> {
         Ok(self.array::<1>()?[0])
     }
-    #[inline]
+    #[inline(always)]
     fn u16(&mut self) -> Result<u16, PickleError> {
         Ok(u16::from_le_bytes(self.array()?))
     }
-    #[inline]
+    #[inline(always)]
     fn u32(&mut self) -> Result<u32, PickleError> {
         Ok(u32::from_le_bytes(self.array()?))
     }
