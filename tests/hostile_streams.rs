@@ -231,3 +231,29 @@ fn a_peak_is_never_below_the_dump() {
     assert_eq!(d["peak_event_index"], 1);
     assert_eq!(d["replay_matches_snapshot"], false);
 }
+
+#[test]
+fn bombs_stop_where_their_budgets_say() {
+    // The decompression budget: at most 1000 pickle bytes per compressed byte read, plus 64 MiB.
+    // The refusal comes as soon as the stream passes it (within one read of the window).
+    let f = fixture("hostile/bomb_tiny_opcodes_1g.pickle.xz");
+    let line = one_error_line("tiny opcodes", &memsnap(&["summary", f.to_str().unwrap()]));
+    let number_after = |word: &str| -> u64 {
+        let rest = &line[line.find(word).unwrap_or_else(|| panic!("{line}")) + word.len()..];
+        rest.split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
+    };
+    // "… xz stream expands to more than OUT bytes from IN compressed bytes (over 1000x …"
+    let (out, stored) = (number_after("more than "), number_after(" bytes from "));
+    let allowed = (64u64 << 20) + 1000 * stored;
+    assert!(out > allowed && out <= allowed + (1 << 20) + (1 << 16), "{line}");
+    assert!(line.contains("over 1000x"), "{line}");
+    // The object budget: refused after building about 64 MiB + 512 bytes per byte of xz read.
+    let f = fixture("hostile/bomb_empty_dicts_30m.pickle.xz");
+    let line = one_error_line("empty dicts", &memsnap(&["summary", f.to_str().unwrap()]));
+    assert!(
+        line.contains("a real snapshot of this size could need: refusing an object or decompression bomb"),
+        "{line}"
+    );
+    let stored = std::fs::metadata(&f).unwrap().len();
+    assert!(line.contains(&format!("({stored} bytes as stored)")), "{line}");
+}
