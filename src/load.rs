@@ -45,13 +45,20 @@ pub fn load_capped(path: &Path, cap: Option<u64>) -> Result<Loaded, LoadError> {
         Some(cap) if over_cap.load(Ordering::Relaxed) => LoadError::OverCap { path: shown.clone(), cap },
         _ => e,
     };
+    let bar = crate::progress::bytes("reading", opened.regular_len);
+    let stored = opened.stored.clone();
+    let mut report = |_pickle_offset: usize| bar.set_position(stored.load(Ordering::Relaxed));
     let opts = ReadOptions {
         size_hint: opened.size_hint(),
         stored_bytes: Some(opened.stored.clone()),
+        progress: Some(&mut report),
+        progress_every: 4 << 20,
         ..ReadOptions::default()
     };
     let snapshot = memsnap_model::read_snapshot_from(&mut opened.reader, opts)
-        .map_err(|source| over_cap_or(LoadError::Read { path: shown.clone(), source }))?;
+        .map_err(|source| over_cap_or(LoadError::Read { path: shown.clone(), source }));
+    bar.finish_and_clear();
+    let snapshot = snapshot?;
     let compression = opened.compression;
     let (file_bytes, pickle_bytes) = opened.finish().map_err(|e| over_cap_or(io_error(e)))?;
     Ok(Loaded { path: path.to_path_buf(), file_bytes, pickle_bytes, compression, snapshot })

@@ -8,6 +8,7 @@ mod json_stream;
 mod load;
 mod moment;
 mod output;
+mod progress;
 mod size;
 
 use std::process::ExitCode;
@@ -23,6 +24,9 @@ static ALLOCATOR: alloc::ExitOnFailure = alloc::ExitOnFailure;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// No progress on stderr (it is shown only when stderr is a terminal anyway).
+    #[arg(short, long, global = true)]
+    quiet: bool,
 }
 
 #[derive(Subcommand)]
@@ -58,6 +62,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    progress::init(cli.quiet);
     let result = match &cli.command {
         Command::Summary(a) => cmd::summary::run(a),
         Command::Analyze(a) => cmd::analyze::run(a),

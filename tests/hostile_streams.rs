@@ -257,3 +257,52 @@ fn bombs_stop_where_their_budgets_say() {
     let stored = std::fs::metadata(&f).unwrap().len();
     assert!(line.contains(&format!("({stored} bytes as stored)")), "{line}");
 }
+
+/// Run memsnap with stderr on a pseudo-terminal; returns what the terminal received.
+fn stderr_on_a_terminal(args: &[&str]) -> String {
+    use std::os::fd::FromRawFd;
+    let (mut master, mut slave) = (0, 0);
+    // SAFETY: openpty fills two descriptors; null name, termios and winsize are allowed.
+    #[allow(unsafe_code)]
+    let r = unsafe { libc::openpty(&mut master, &mut slave, std::ptr::null_mut(), std::ptr::null(), std::ptr::null()) };
+    assert_eq!(r, 0, "openpty");
+    // SAFETY: both descriptors were just opened and are owned here.
+    #[allow(unsafe_code)]
+    let (master, slave) = unsafe { (std::fs::File::from_raw_fd(master), std::fs::File::from_raw_fd(slave)) };
+    let mut child = Command::new(env!("CARGO_BIN_EXE_memsnap"))
+        .args(args)
+        .current_dir(common::root())
+        .stdout(Stdio::null())
+        .stderr(slave)
+        .spawn()
+        .unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        let mut master = master;
+        let mut buf = [0u8; 4096];
+        // Reading the master fails (EIO) once the child has exited and closed the slave.
+        while let Ok(n) = master.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            out.extend_from_slice(&buf[..n]);
+        }
+        out
+    });
+    assert!(child.wait().unwrap().success());
+    String::from_utf8_lossy(&reader.join().unwrap()).into_owned()
+}
+
+#[test]
+fn progress_is_drawn_on_a_terminal_only_and_quiet_silences_it() {
+    let f = fixture("hostile/ok_devices_100k.pickle.xz");
+    let f = f.to_str().unwrap();
+    let shown = stderr_on_a_terminal(&["analyze", f]);
+    assert!(shown.contains("reading") || shown.contains("replaying") || shown.contains("analysing"), "{shown:?}");
+    let quiet = stderr_on_a_terminal(&["analyze", f, "--quiet"]);
+    assert!(quiet.is_empty(), "{quiet:?}");
+    // Not a terminal: nothing (the other tests read stderr through a pipe and see no progress).
+    let run = memsnap(&["analyze", f]);
+    assert_eq!(run.code, Some(0));
+    assert!(run.stderr.is_empty(), "{:?}", run.stderr);
+}

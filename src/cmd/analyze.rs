@@ -40,8 +40,11 @@ pub fn analyze_file(path: &std::path::Path) -> Result<Analyzed, crate::load::Loa
 /// [`analyze_file`] of an input held to `cap` pickle bytes (see [`crate::load::load_capped`]).
 pub fn analyze_file_capped(path: &std::path::Path, cap: Option<u64>) -> Result<Analyzed, crate::load::LoadError> {
     let loaded = crate::load::load_capped(path, cap)?;
+    let phase = crate::progress::phase("replaying the allocator");
     let replay = memsnap_replay::replay(&loaded.snapshot);
+    phase.set_message("analysing");
     let analysis = memsnap_analysis::analyze(&loaded.snapshot, &replay);
+    phase.finish_and_clear();
     Ok(Analyzed { loaded, replay, analysis })
 }
 

@@ -820,6 +820,7 @@ fn open_output(
 }
 
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    crate::progress::per_file_off();
     let jobs = args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     anyhow::ensure!(jobs >= 1, "--jobs must be at least 1");
     let budget = args.max_inflight_bytes.unwrap_or_else(default_budget);
@@ -864,7 +865,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         .build()?;
     // On a terminal only, and not when the rows themselves go to the same terminal.
     let rows_on_terminal = to_stdout && io::stdout().is_terminal();
-    let progress = if io::stderr().is_terminal() && !rows_on_terminal {
+    let progress = if crate::progress::shown() && !rows_on_terminal {
         let pb = indicatif::ProgressBar::with_draw_target(
             Some(inputs.len() as u64),
             indicatif::ProgressDrawTarget::stderr(),

@@ -76,11 +76,13 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         },
         ..ReportOptions::default()
     };
+    let phase = crate::progress::phase("rendering the report");
     let report = memsnap_report::build(&input, &opts);
     let text = match format {
         Format::Html => report.html(),
         Format::Svg => report.svg(),
     };
+    phase.finish_and_clear();
     write_output(&args.output, &text, Content::Markup)?;
     Ok(ExitCode::SUCCESS)
 }
