@@ -67,6 +67,65 @@ pub struct TraceFacts {
     pub events_without_time: u64,
 }
 
+impl DeviceTotals {
+    /// The dump-time totals of `segments` (one device's), as [`Snapshot::device_totals`] counts
+    /// them; `trace_entries` is left 0.
+    pub fn of_segments<'a>(device: u32, segments: impl IntoIterator<Item = &'a Segment>) -> DeviceTotals {
+        let mut t = DeviceTotals { device, ..Default::default() };
+        for seg in segments {
+            t.add_segment(seg);
+        }
+        t
+    }
+
+    fn add_segment(&mut self, seg: &Segment) {
+        let t = self;
+        if !seg.is_expandable {
+            t.segment_count += 1;
+        }
+        t.reserved_bytes = sum(t.reserved_bytes, seg.total_size, &mut t.saturated);
+        let (count, bytes) = if seg.is_private_pool() {
+            (&mut t.pools.private_segments, &mut t.pools.private_bytes)
+        } else if seg.is_expandable {
+            (&mut t.pools.expandable_segments, &mut t.pools.expandable_bytes)
+        } else if seg.segment_type == SegmentType::Small {
+            (&mut t.pools.small_segments, &mut t.pools.small_bytes)
+        } else {
+            (&mut t.pools.large_segments, &mut t.pools.large_bytes)
+        };
+        *count += 1;
+        let mut saturated = false;
+        *bytes = sum(*bytes, seg.total_size, &mut saturated);
+        t.saturated |= saturated;
+        // torch counts neither expandable segments nor their free blocks as split segments.
+        let split = seg.blocks.len() > 1 && !seg.is_expandable;
+        for b in &seg.blocks {
+            t.block_count += 1;
+            match b.state {
+                BlockState::Allocated => {
+                    t.blocks_allocated += 1;
+                    t.allocated_bytes = sum(t.allocated_bytes, b.size, &mut t.saturated);
+                    t.active_bytes = sum(t.active_bytes, b.size, &mut t.saturated);
+                    t.requested_bytes = sum(t.requested_bytes, b.requested_size, &mut t.saturated);
+                }
+                BlockState::PendingFree => {
+                    t.blocks_pending_free += 1;
+                    t.active_bytes = sum(t.active_bytes, b.size, &mut t.saturated);
+                    t.requested_bytes = sum(t.requested_bytes, b.requested_size, &mut t.saturated);
+                }
+                BlockState::Inactive => {
+                    t.blocks_inactive += 1;
+                    t.inactive_bytes = sum(t.inactive_bytes, b.size, &mut t.saturated);
+                    t.largest_free_block = t.largest_free_block.max(b.size);
+                    if split {
+                        t.inactive_split_bytes = sum(t.inactive_split_bytes, b.size, &mut t.saturated);
+                    }
+                }
+            }
+        }
+    }
+}
+
 impl Snapshot {
     /// Totals per device (sorted by device), for every device with segments or events.
     pub fn device_totals(&self) -> Vec<DeviceTotals> {
@@ -74,49 +133,8 @@ impl Snapshot {
         let mut by: std::collections::BTreeMap<u32, DeviceTotals> =
             self.device_ids().into_iter().map(|d| (d, DeviceTotals { device: d, ..Default::default() })).collect();
         for seg in &self.segments {
-            let Some(t) = by.get_mut(&seg.device) else { continue };
-            if !seg.is_expandable {
-                t.segment_count += 1;
-            }
-            t.reserved_bytes = sum(t.reserved_bytes, seg.total_size, &mut t.saturated);
-            let (count, bytes) = if seg.is_private_pool() {
-                (&mut t.pools.private_segments, &mut t.pools.private_bytes)
-            } else if seg.is_expandable {
-                (&mut t.pools.expandable_segments, &mut t.pools.expandable_bytes)
-            } else if seg.segment_type == SegmentType::Small {
-                (&mut t.pools.small_segments, &mut t.pools.small_bytes)
-            } else {
-                (&mut t.pools.large_segments, &mut t.pools.large_bytes)
-            };
-            *count += 1;
-            let mut saturated = false;
-            *bytes = sum(*bytes, seg.total_size, &mut saturated);
-            t.saturated |= saturated;
-            // torch counts neither expandable segments nor their free blocks as split segments.
-            let split = seg.blocks.len() > 1 && !seg.is_expandable;
-            for b in &seg.blocks {
-                t.block_count += 1;
-                match b.state {
-                    BlockState::Allocated => {
-                        t.blocks_allocated += 1;
-                        t.allocated_bytes = sum(t.allocated_bytes, b.size, &mut t.saturated);
-                        t.active_bytes = sum(t.active_bytes, b.size, &mut t.saturated);
-                        t.requested_bytes = sum(t.requested_bytes, b.requested_size, &mut t.saturated);
-                    }
-                    BlockState::PendingFree => {
-                        t.blocks_pending_free += 1;
-                        t.active_bytes = sum(t.active_bytes, b.size, &mut t.saturated);
-                        t.requested_bytes = sum(t.requested_bytes, b.requested_size, &mut t.saturated);
-                    }
-                    BlockState::Inactive => {
-                        t.blocks_inactive += 1;
-                        t.inactive_bytes = sum(t.inactive_bytes, b.size, &mut t.saturated);
-                        t.largest_free_block = t.largest_free_block.max(b.size);
-                        if split {
-                            t.inactive_split_bytes = sum(t.inactive_split_bytes, b.size, &mut t.saturated);
-                        }
-                    }
-                }
+            if let Some(t) = by.get_mut(&seg.device) {
+                t.add_segment(seg);
             }
         }
         for t in by.values_mut() {

@@ -19,35 +19,18 @@ const MAX_GROUPS: usize = 64;
 /// A peak is never below what the dump itself shows (the docs promise it): where the replay
 /// ends below the dump (a trace that does not explain the dump), the dump-time value is the
 /// peak, reached at the last event.
-fn floor_at_dump(peaks: &mut crate::Peaks, finals: &[&Segment], events: &[TraceEvent]) {
-    let (mut allocated, mut reserved, mut active, mut requested) = (0u64, 0u64, 0u64, 0u64);
-    for s in finals {
-        reserved = reserved.saturating_add(s.total_size);
-        for b in &s.blocks {
-            match b.state {
-                memsnap_model::BlockState::Allocated => {
-                    allocated = allocated.saturating_add(b.size);
-                    active = active.saturating_add(b.size);
-                    requested = requested.saturating_add(b.requested_size);
-                }
-                memsnap_model::BlockState::PendingFree => {
-                    active = active.saturating_add(b.size);
-                    requested = requested.saturating_add(b.requested_size);
-                }
-                memsnap_model::BlockState::Inactive => {}
-            }
-        }
-    }
+fn floor_at_dump(peaks: &mut crate::Peaks, device: u32, finals: &[&Segment], events: &[TraceEvent]) {
+    let dump = memsnap_model::DeviceTotals::of_segments(device, finals.iter().copied());
     let last = events.len().checked_sub(1);
     let time_us = last.and_then(|i| events[i].has_time().then_some(events[i].time_us));
-    for (peak, dump) in [
-        (&mut peaks.allocated, allocated),
-        (&mut peaks.reserved, reserved),
-        (&mut peaks.active, active),
-        (&mut peaks.requested, requested),
+    for (peak, at_dump) in [
+        (&mut peaks.allocated, dump.allocated_bytes),
+        (&mut peaks.reserved, dump.reserved_bytes),
+        (&mut peaks.active, dump.active_bytes),
+        (&mut peaks.requested, dump.requested_bytes),
     ] {
-        if peak.value < dump {
-            *peak = crate::Peak { value: dump, event_index: last, time_us };
+        if peak.value < at_dump {
+            *peak = crate::Peak { value: at_dump, event_index: last, time_us };
         }
     }
 }
@@ -102,7 +85,7 @@ pub(crate) fn replay_device(snapshot: &Snapshot, device: u32, final_indices: &[u
     let ((series, mut peaks), blocks) =
         rayon::join(|| build_series(events, effects, &outcomes, start_totals), || lifetimes(&owner, &by_unit));
     drop(owner);
-    floor_at_dump(&mut peaks, &finals, events);
+    floor_at_dump(&mut peaks, device, &finals, events);
 
     let all = || outcomes.iter().flat_map(|g| &g.outcomes);
     let mut end: Vec<&EndSegment> = all().flat_map(|o| &o.end).collect();
