@@ -260,6 +260,9 @@ pub struct SourceInfo {
     /// Largest approximate memory the reader's objects took while parsing (what the object
     /// budget, `memsnap_pickle::ObjectBudget`, is measured on).
     pub peak_built_bytes: u64,
+    /// Bytes of the pickle the parallel trace reader read (the rest the VM read alone); 0 for
+    /// a sequential read.
+    pub parallel_bytes: u64,
 }
 
 /// A whole memory snapshot.

@@ -16,6 +16,7 @@
 //! ([`Limits`]), and memo references share, they never copy.
 
 mod error;
+pub mod scan;
 mod source;
 mod value;
 mod vm;
@@ -23,7 +24,10 @@ mod vm;
 pub use error::{opcode_name, ErrorKind, PickleError};
 pub use source::{CountingReader, Fault, ReadSource, SliceSource, Source, WINDOW};
 pub use value::{Heap, ListStore, Value};
-pub use vm::{parse, parse_source, Compactor, Limits, NoCompaction, ObjectBudget, Parsed, Progress, Stats};
+pub use vm::{
+    parse, parse_source, Advanced, Ahead, Compactor, Limits, MemoRef, NoCompaction, ObjectBudget, Parsed, Progress,
+    Stats, Store, StoreView,
+};
 
 /// Read a pickle without compaction and default limits.
 pub fn parse_simple(data: &[u8]) -> Result<Parsed<'_>, PickleError> {

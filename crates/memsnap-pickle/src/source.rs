@@ -53,6 +53,14 @@ pub trait Source<'a> {
     /// How many bytes are left in the input, when that is known without reading it (a slice,
     /// a file of known length, or a reader that reached its end).
     fn known_left(&self) -> Option<u64>;
+
+    /// Up to `n` bytes from the current position, without consuming them (fewer at the end of
+    /// the input). A reader's window grows to `n` for this; the parallel trace reader asks for
+    /// a few MiB at a time.
+    fn ahead(&mut self, n: usize) -> Result<&[u8], Fault>;
+
+    /// Consume `n` bytes that [`Source::ahead`] returned.
+    fn skip(&mut self, n: usize);
 }
 
 /// A pickle held in memory.
@@ -139,6 +147,13 @@ impl<'a> Source<'a> for SliceSource<'a> {
     fn known_left(&self) -> Option<u64> {
         Some((self.data.len() - self.pos) as u64)
     }
+    fn ahead(&mut self, n: usize) -> Result<&[u8], Fault> {
+        let end = self.pos.saturating_add(n).min(self.data.len());
+        Ok(&self.data[self.pos..end])
+    }
+    fn skip(&mut self, n: usize) {
+        self.pos += n;
+    }
 }
 
 /// Counts the bytes a reader hands out, for a [`ReadSource`] over a decompressor to know how
@@ -171,7 +186,7 @@ pub const WINDOW: usize = 1 << 20;
 /// A pickle read from any reader through a window of [`WINDOW`] bytes.
 pub struct ReadSource<R> {
     reader: R,
-    buf: Box<[u8]>,
+    buf: Vec<u8>,
     pos: usize,
     end: usize,
     /// Pickle offset of `buf[0]`.
@@ -186,16 +201,7 @@ pub struct ReadSource<R> {
 
 impl<R: Read> ReadSource<R> {
     pub fn new(reader: R) -> ReadSource<R> {
-        ReadSource {
-            reader,
-            buf: vec![0; WINDOW].into_boxed_slice(),
-            pos: 0,
-            end: 0,
-            base: 0,
-            eof: false,
-            stored: None,
-            len_hint: None,
-        }
+        ReadSource { reader, buf: vec![0; WINDOW], pos: 0, end: 0, base: 0, eof: false, stored: None, len_hint: None }
     }
 
     /// The same source, told the pickle's length (used only to judge `FRAME` lengths).
@@ -209,11 +215,12 @@ impl<R: Read> ReadSource<R> {
     }
 
     /// Read until `n` bytes follow the cursor or the input ends; returns how many follow.
-    /// `n` must be at most [`WINDOW`]. Out of line: it runs once per window, not per byte.
+    /// `n` must be at most the window's size ([`WINDOW`], or more after [`Source::ahead`]).
+    /// Out of line: it runs once per window, not per byte.
     #[cold]
     #[inline(never)]
     fn fill(&mut self, n: usize) -> Result<usize, Fault> {
-        debug_assert!(n <= WINDOW);
+        debug_assert!(n <= self.buf.len());
         if self.end - self.pos >= n {
             return Ok(self.end - self.pos);
         }
@@ -347,6 +354,18 @@ impl<'a, R: Read> Source<'a> for ReadSource<R> {
         } else {
             self.len_hint.map(|len| len.saturating_sub(self.offset()))
         }
+    }
+    fn ahead(&mut self, n: usize) -> Result<&[u8], Fault> {
+        if n > self.buf.len() {
+            // Grown once, to what the caller reads ahead (a few MiB); it stays that size.
+            self.buf.resize(n, 0);
+        }
+        let got = self.fill(n)?;
+        Ok(&self.buf[self.pos..self.pos + got.min(n)])
+    }
+    fn skip(&mut self, n: usize) {
+        debug_assert!(self.pos + n <= self.end);
+        self.pos += n;
     }
 }
 

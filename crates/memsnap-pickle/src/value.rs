@@ -81,6 +81,15 @@ impl ListStore {
             ListStore::Frozen(_) => None,
         }
     }
+    /// Append `Record(first..first + n)` (kept as one run when it continues the list's run).
+    pub(crate) fn push_records(&mut self, first: u32, n: u32) {
+        match self {
+            ListStore::Values(vals) if vals.is_empty() && n > 0 => *self = ListStore::Records { start: first, len: n },
+            ListStore::Records { start, len } if *start + *len == first => *len += n,
+            _ => (first..first + n).for_each(|r| self.push(Value::Record(r))),
+        }
+    }
+
     pub(crate) fn push(&mut self, v: Value) {
         match (&mut *self, v) {
             (ListStore::Values(vals), Value::Record(r)) if vals.is_empty() => {

@@ -30,6 +30,170 @@ pub trait Compactor {
     fn retained_bytes(&self) -> u64 {
         0
     }
+
+    /// Offered after `APPENDS`/`APPEND` put records into a list of a framed pickle whose memo
+    /// is dense (every index `MEMOIZE`d in order): the compactor may read what follows
+    /// ([`Ahead::bytes`]) itself, faster than the VM would, and say how far it got. It must
+    /// leave the VM exactly where the VM would have been had it read those bytes: the records
+    /// appended to [`Ahead::list`], one memo entry pushed per `MEMOIZE` read, and nothing else
+    /// on the stack. `None` (the default) means the VM reads on.
+    fn fast_forward(&mut self, _ahead: Ahead<'_, '_>) -> Result<Option<Advanced>, PickleError> {
+        Ok(None)
+    }
+}
+
+/// What [`Compactor::fast_forward`] may read and change.
+pub struct Ahead<'w, 'a> {
+    /// The bytes from the VM's position on (a window of the input; an opcode boundary).
+    pub bytes: &'w [u8],
+    /// Offset of `bytes[0]` in the pickle.
+    pub offset: u64,
+    /// Where the `FRAME` the VM is in ends (offset in the pickle); the next frame's header is
+    /// there.
+    pub frame_end: u64,
+    /// The list the records went to.
+    pub list: u32,
+    pub store: Store<'w, 'a>,
+}
+
+/// The heap and the memo, for a compactor that reads ahead: it looks objects up while reading
+/// (from several threads, through [`Store::view`]) and adds what it read.
+pub struct Store<'w, 'a> {
+    heap: &'w mut Heap<'a>,
+    memo: &'w mut Vec<u32>,
+    scalars: &'w mut Vec<Value>,
+    built: &'w mut u64,
+}
+
+/// A shared view of the heap and memo (readable from several threads at once).
+#[derive(Clone, Copy)]
+pub struct StoreView<'w, 'a> {
+    pub heap: &'w Heap<'a>,
+    memo: &'w [u32],
+    scalars: &'w [Value],
+}
+
+/// A memo entry as a compactor sees it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum MemoRef {
+    Value(Value),
+    /// A list made by a fast-forward that no one has fetched since: empty (token 0) or frozen
+    /// with this token. The VM makes the list when the memo entry is first fetched.
+    LazyList(u32),
+}
+
+impl<'a> StoreView<'_, 'a> {
+    pub fn memo_len(&self) -> usize {
+        self.memo.len()
+    }
+
+    pub fn memo_get(&self, idx: usize) -> Option<MemoRef> {
+        let h = *self.memo.get(idx)?;
+        if h >> 29 == H_LAZY_LIST && h != H_EMPTY {
+            return Some(MemoRef::LazyList(h & H_INDEX_MASK));
+        }
+        decode(self.scalars, h).map(MemoRef::Value)
+    }
+}
+
+impl<'a> Store<'_, 'a> {
+    pub fn view(&self) -> StoreView<'_, 'a> {
+        StoreView { heap: self.heap, memo: self.memo, scalars: self.scalars }
+    }
+
+    pub fn heap(&self) -> &Heap<'a> {
+        self.heap
+    }
+
+    /// A string for the heap (not on the stack, not in the memo).
+    pub fn add_str(&mut self, s: String) -> Value {
+        *self.built += s.len() as u64 + OBJECT_OVERHEAD;
+        self.heap.strs.push(Cow::Owned(s));
+        Value::Str((self.heap.strs.len() - 1) as u32)
+    }
+
+    /// A dict for the heap, as the VM would have built it and memoized it at `slot`.
+    pub fn add_dict(&mut self, items: Vec<(Value, Value)>, slot: usize) -> Value {
+        *self.built += OBJECT_OVERHEAD + items.len() as u64 * 2 * SLOT;
+        let id = self.heap.new_dict();
+        self.heap.dicts[id as usize] = items;
+        self.heap.dict_memo[id as usize] = if slot < DICT_SHARED as usize { slot as u32 } else { DICT_SHARED };
+        Value::Dict(id)
+    }
+
+    /// A tuple for the heap.
+    pub fn add_tuple(&mut self, items: Vec<Value>) -> Value {
+        *self.built += OBJECT_OVERHEAD + items.len() as u64 * SLOT;
+        self.heap.tuples.push(items);
+        Value::Tuple((self.heap.tuples.len() - 1) as u32)
+    }
+
+    /// Push the next memo entry (what a `MEMOIZE` of `v` does).
+    pub fn memoize(&mut self, v: Value) -> Result<(), ErrorKind> {
+        let h = encode(self.scalars, v)?;
+        self.push_handle(h)
+    }
+
+    /// Push the next memo entry as a list made only when fetched (see [`MemoRef::LazyList`]).
+    pub fn memoize_lazy_list(&mut self, token: u32) -> Result<(), ErrorKind> {
+        if token >= H_INDEX_MASK {
+            return Err(ErrorKind::LimitExceeded("objects (more than 2^29 of one kind)"));
+        }
+        self.push_handle((H_LAZY_LIST << 29) | token)
+    }
+
+    /// Push the next memo entry to be set later with [`Store::rememoize`] (an object whose
+    /// contents come after its `MEMOIZE`); until then it reads as empty.
+    pub fn memoize_pending(&mut self) -> Result<usize, ErrorKind> {
+        self.push_handle(H_EMPTY)?;
+        Ok(self.memo.len() - 1)
+    }
+
+    /// Set memo entry `idx` (one pushed by [`Store::memoize_pending`]).
+    pub fn rememoize(&mut self, idx: usize, v: Value) -> Result<(), ErrorKind> {
+        let h = encode(self.scalars, v)?;
+        match self.memo.get_mut(idx) {
+            Some(m) => {
+                *m = h;
+                Ok(())
+            }
+            None => Err(ErrorKind::BadMemoKey(idx as u64)),
+        }
+    }
+
+    /// Freeze list `id` with `token`, as the VM freezes a list a compactor absorbed.
+    pub fn freeze_list(&mut self, id: u32, token: u32) {
+        if let Some(l) = self.heap.lists.get_mut(id as usize) {
+            *self.built -= (l.len() as u64 * SLOT).min(*self.built);
+            *l = ListStore::Frozen(token);
+        }
+    }
+
+    fn push_handle(&mut self, h: u32) -> Result<(), ErrorKind> {
+        if self.memo.len() >= H_EMPTY as usize - 1 {
+            return Err(ErrorKind::BadMemoKey(self.memo.len() as u64));
+        }
+        self.memo.push(h);
+        Ok(())
+    }
+}
+
+/// How far [`Compactor::fast_forward`] read.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Advanced {
+    /// Bytes of [`Ahead::bytes`] read (the VM goes on from there, an opcode boundary).
+    pub consumed: usize,
+    /// The records appended to the list, in order: `Value::Record(first..first + count)`.
+    pub first_record: u32,
+    pub records: u32,
+    /// What the bytes held, for [`Stats`].
+    pub opcodes: u64,
+    pub memoize: u64,
+    pub frames: u64,
+    /// End of the last `FRAME` read (offset in the pickle), if any.
+    pub frame_end: Option<u64>,
+    /// Whether reading stopped only at the end of `bytes` (so it may go on with more).
+    pub window_end: bool,
 }
 
 /// A compactor that never compacts.
@@ -119,6 +283,8 @@ pub struct Stats {
     pub trailing_bytes: u64,
     /// Largest approximate size of the objects built, as counted for [`ObjectBudget`].
     pub peak_built_bytes: u64,
+    /// Bytes a compactor read ahead of the VM ([`Compactor::fast_forward`]).
+    pub fast_forwarded: u64,
 }
 
 /// The result of reading a pickle.
@@ -167,6 +333,7 @@ pub fn parse_source<'a, S: Source<'a>>(
         short_strs: vec![(u32::MAX, 0); SHORT_STR_SLOTS],
         freeze: Vec::new(),
         memo_count: 0,
+        frame_end: 0,
         built: 0,
         stats: Stats::default(),
         limits,
@@ -193,6 +360,8 @@ struct Vm<'a, 'l, S> {
     freeze: Vec<(u32, u32)>,
     /// Number of distinct memo entries (what `MEMOIZE` uses as the next index).
     memo_count: u64,
+    /// Where the last `FRAME` read ends (0 before any).
+    frame_end: u64,
     /// Approximate bytes of the objects built so far (see [`Limits::object_budget`]): string
     /// and bytes contents, container slots and the per-object overhead.
     built: u64,
@@ -366,36 +535,11 @@ impl<'a, S: Source<'a>> Vm<'a, '_, S> {
     }
 
     fn encode(&mut self, v: Value) -> Result<u32, PickleError> {
-        let (kind, idx) = match v {
-            Value::Str(i) => (H_STR, i),
-            Value::List(i) => (H_LIST, i),
-            Value::Tuple(i) => (H_TUPLE, i),
-            Value::Dict(i) => (H_DICT, i),
-            Value::Set(i) => (H_SET, i),
-            Value::Record(i) => (H_RECORD, i),
-            other => {
-                self.memo_scalars.push(other);
-                (H_SCALAR, (self.memo_scalars.len() - 1) as u32)
-            }
-        };
-        if idx > H_INDEX_MASK {
-            return Err(self.err(ErrorKind::LimitExceeded("objects (more than 2^29 of one kind)")));
-        }
-        Ok((kind << 29) | idx)
+        encode(&mut self.memo_scalars, v).map_err(|k| self.err(k))
     }
 
     fn decode(&self, h: u32) -> Option<Value> {
-        let idx = h & H_INDEX_MASK;
-        Some(match h >> 29 {
-            H_STR => Value::Str(idx),
-            H_LIST => Value::List(idx),
-            H_TUPLE => Value::Tuple(idx),
-            H_DICT => Value::Dict(idx),
-            H_SET => Value::Set(idx),
-            H_RECORD => Value::Record(idx),
-            H_SCALAR => *self.memo_scalars.get(idx as usize)?,
-            _ => return None,
-        })
+        decode(&self.memo_scalars, h)
     }
 
     fn memo_put(&mut self, idx: u64) -> Result<(), PickleError> {
@@ -433,13 +577,24 @@ impl<'a, S: Source<'a>> Vm<'a, '_, S> {
     }
 
     fn memo_get(&mut self, idx: u64) -> Result<(), PickleError> {
-        let h = if (idx as usize) < self.memo.len() {
+        let mut h = if (idx as usize) < self.memo.len() {
             self.memo[idx as usize]
         } else if idx < H_EMPTY as u64 {
             self.sparse_memo.get(&(idx as u32)).copied().unwrap_or(H_EMPTY)
         } else {
             H_EMPTY
         };
+        if h >> 29 == H_LAZY_LIST && h != H_EMPTY {
+            // Made now, once: later fetches share it, as they would have shared the original.
+            let token = h & H_INDEX_MASK;
+            self.built += OBJECT_OVERHEAD;
+            self.heap.lists.push(if token == 0 { ListStore::default() } else { ListStore::Frozen(token) });
+            h = (H_LIST << 29) | (self.heap.lists.len() - 1) as u32;
+            if (self.heap.lists.len() - 1) as u32 >= H_INDEX_MASK {
+                return Err(self.err(ErrorKind::LimitExceeded("objects (more than 2^29 of one kind)")));
+            }
+            self.memo[idx as usize] = h;
+        }
         let v = self.decode(h).ok_or_else(|| self.err(ErrorKind::BadMemoKey(idx)))?;
         if let Value::Dict(d) = v {
             self.heap.dict_memo[d as usize] = DICT_SHARED;
@@ -458,7 +613,9 @@ impl<'a, S: Source<'a>> Vm<'a, '_, S> {
         Ok(())
     }
 
-    fn append_items(&mut self, list: Value, from: usize, compactor: &mut dyn Compactor) -> Result<(), PickleError> {
+    /// Append the stack's values from `from` on to `list`; returns whether the last one became
+    /// a record.
+    fn append_items(&mut self, list: Value, from: usize, compactor: &mut dyn Compactor) -> Result<bool, PickleError> {
         let id = match list {
             Value::List(id) | Value::Set(id) => id,
             other => {
@@ -466,6 +623,7 @@ impl<'a, S: Source<'a>> Vm<'a, '_, S> {
             }
         };
         let compactable = matches!(list, Value::List(_));
+        let mut last_record = false;
         for i in from..self.stack.len() {
             let mut v = self.stack[i];
             if let (true, Value::Dict(d)) = (compactable, v) {
@@ -496,10 +654,67 @@ impl<'a, S: Source<'a>> Vm<'a, '_, S> {
             if matches!(self.heap.lists[id as usize], ListStore::Frozen(_)) {
                 return Err(self.err(ErrorKind::FrozenList));
             }
+            last_record = matches!(v, Value::Record(_));
             self.heap.lists[id as usize].push(v);
         }
         self.built += (self.stack.len() - from) as u64 * SLOT;
         self.stack.truncate(from);
+        Ok(last_record)
+    }
+
+    /// Offer the compactor to read on after records went into `list` (see
+    /// [`Compactor::fast_forward`]), as long as it reads whole windows.
+    fn fast_forward(&mut self, list: Value, compactor: &mut dyn Compactor) -> Result<(), PickleError> {
+        let Value::List(list) = list else { return Ok(()) };
+        // Only where a memo index is its position (every entry `MEMOIZE`d, none sparse) and
+        // inside a frame (so that frames chain from here).
+        while self.memo.len() as u64 == self.memo_count
+            && self.sparse_memo.is_empty()
+            && self.frame_end > self.src.offset()
+        {
+            let (at, op) = (self.op_start, self.op);
+            let offset = self.src.offset();
+            let bytes = self.src.ahead(FAST_FORWARD_WINDOW).map_err(|f| fault(at, op, f, 1))?;
+            let memo_before = self.memo.len();
+            let ahead = Ahead {
+                bytes,
+                offset,
+                frame_end: self.frame_end,
+                list,
+                store: Store {
+                    heap: &mut self.heap,
+                    memo: &mut self.memo,
+                    scalars: &mut self.memo_scalars,
+                    built: &mut self.built,
+                },
+            };
+            let Some(adv) = compactor.fast_forward(ahead)? else { return Ok(()) };
+            let pushed = (self.memo.len() - memo_before) as u64;
+            if pushed != adv.memoize || adv.consumed == 0 {
+                // A compactor that does not keep the memo in step would make every later memo
+                // reference wrong: a bug, reported rather than read past.
+                return Err(self.err(ErrorKind::LimitExceeded("fast-forward out of step with the memo")));
+            }
+            self.src.skip(adv.consumed);
+            self.stats.fast_forwarded += adv.consumed as u64;
+            self.memo_count += pushed;
+            self.stats.opcodes += adv.opcodes;
+            self.stats.memoize += adv.memoize;
+            self.stats.frames += adv.frames;
+            if let Some(end) = adv.frame_end {
+                self.frame_end = end;
+            }
+            let store = &mut self.heap.lists[list as usize];
+            if matches!(store, ListStore::Frozen(_)) {
+                return Err(self.err(ErrorKind::FrozenList));
+            }
+            store.push_records(adv.first_record, adv.records);
+            self.built += adv.records as u64 * SLOT;
+            self.check_budget(compactor)?;
+            if !adv.window_end {
+                return Ok(());
+            }
+        }
         Ok(())
     }
 
@@ -577,6 +792,7 @@ impl<'a, S: Source<'a>> Vm<'a, '_, S> {
                     let (at, op) = (self.op_start, self.op);
                     self.src.expect(n).map_err(|f| fault(at, op, f, n))?;
                     self.stats.frames += 1;
+                    self.frame_end = self.src.offset().saturating_add(n);
                 }
                 b'.' => {
                     // STOP
@@ -798,7 +1014,9 @@ impl<'a, S: Source<'a>> Vm<'a, '_, S> {
                     }
                     let list = self.stack[self.stack.len() - 2];
                     let from = self.stack.len() - 1;
-                    self.append_items(list, from, compactor)?;
+                    if self.append_items(list, from, compactor)? {
+                        self.fast_forward(list, compactor)?;
+                    }
                 }
                 b'e' | 0x90 => {
                     // APPENDS, ADDITEMS
@@ -813,7 +1031,9 @@ impl<'a, S: Source<'a>> Vm<'a, '_, S> {
                     if op == 0x90 && !matches!(list, Value::Set(_)) {
                         return Err(self.err(ErrorKind::WrongType { expected: "set", found: list.type_name() }));
                     }
-                    self.append_items(list, m, compactor)?;
+                    if self.append_items(list, m, compactor)? && op == b'e' {
+                        self.fast_forward(list, compactor)?;
+                    }
                 }
                 b's' => {
                     // SETITEM
@@ -883,6 +1103,41 @@ impl<'a, S: Source<'a>> Vm<'a, '_, S> {
     }
 }
 
+/// A memo handle for `v` (scalars are stored aside in `scalars`).
+fn encode(scalars: &mut Vec<Value>, v: Value) -> Result<u32, ErrorKind> {
+    let (kind, idx) = match v {
+        Value::Str(i) => (H_STR, i),
+        Value::List(i) => (H_LIST, i),
+        Value::Tuple(i) => (H_TUPLE, i),
+        Value::Dict(i) => (H_DICT, i),
+        Value::Set(i) => (H_SET, i),
+        Value::Record(i) => (H_RECORD, i),
+        other => {
+            scalars.push(other);
+            (H_SCALAR, (scalars.len() - 1) as u32)
+        }
+    };
+    if idx >= H_INDEX_MASK {
+        return Err(ErrorKind::LimitExceeded("objects (more than 2^29 of one kind)"));
+    }
+    Ok((kind << 29) | idx)
+}
+
+/// The value of a memo handle (`None` for an empty slot or a lazy list, which the VM makes).
+fn decode(scalars: &[Value], h: u32) -> Option<Value> {
+    let idx = h & H_INDEX_MASK;
+    Some(match h >> 29 {
+        H_STR => Value::Str(idx),
+        H_LIST => Value::List(idx),
+        H_TUPLE => Value::Tuple(idx),
+        H_DICT => Value::Dict(idx),
+        H_SET => Value::Set(idx),
+        H_RECORD => Value::Record(idx),
+        H_SCALAR => *scalars.get(idx as usize)?,
+        _ => return None,
+    })
+}
+
 /// Handle kinds in the top 3 bits of a memo slot; the low 29 bits index the heap table.
 const H_STR: u32 = 0;
 const H_LIST: u32 = 1;
@@ -891,6 +1146,9 @@ const H_DICT: u32 = 3;
 const H_SET: u32 = 4;
 const H_RECORD: u32 = 5;
 const H_SCALAR: u32 = 6;
+/// A list a fast-forward read and nobody fetched yet (see [`MemoRef::LazyList`]): the low bits
+/// are its token. Its all-ones index is [`H_EMPTY`].
+const H_LAZY_LIST: u32 = 7;
 const H_INDEX_MASK: u32 = (1 << 29) - 1;
 /// An unused memo slot.
 const H_EMPTY: u32 = u32::MAX;
@@ -905,6 +1163,9 @@ const OBJECT_OVERHEAD: u64 = 24;
 /// bytes (a string) or a handful of slots, so the budget is overrun by little between checks.
 const BUDGET_CHECK_EVERY: u64 = 1 << 14;
 const SHORT_STR_SLOTS: usize = 4096;
+/// Bytes a fast-forward is shown at a time (see [`Compactor::fast_forward`]): enough for a few
+/// MiB per thread, little against the input.
+const FAST_FORWARD_WINDOW: usize = 32 << 20;
 
 /// The error for a source that could not give `needed` bytes to the opcode at `at`.
 fn fault(at: u64, op: u8, f: Fault, needed: u64) -> PickleError {

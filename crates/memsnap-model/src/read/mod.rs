@@ -18,6 +18,8 @@ use memsnap_pickle::{
 
 use crate::types::*;
 
+mod parallel;
+
 /// Why a file could not be read as a snapshot.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
@@ -47,6 +49,10 @@ pub struct ReadOptions<'p> {
     /// [`memsnap_pickle::CountingReader`]); the object budget is measured against it. `None`
     /// when the input is the pickle itself.
     pub stored_bytes: Option<Arc<AtomicU64>>,
+    /// Read the trace with the VM alone instead of in parallel chunks (see
+    /// `read::parallel`): the reference the parallel reader is tested against. The output
+    /// is the same.
+    pub sequential: bool,
 }
 
 impl Default for ReadOptions<'_> {
@@ -57,6 +63,7 @@ impl Default for ReadOptions<'_> {
             progress_every: 64 << 20,
             size_hint: 0,
             stored_bytes: None,
+            sequential: false,
         }
     }
 }
@@ -137,7 +144,7 @@ fn is_opcode(b: u8) -> bool {
 }
 
 fn read_source<'a, S: Source<'a>>(source: S, opts: ReadOptions<'_>) -> Result<Snapshot, ReadError> {
-    let mut b = Builder::default();
+    let mut b = Builder { parallel: !opts.sequential, ..Builder::default() };
     // String 0 is always "" (see `StrId::EMPTY`).
     b.intern("");
     b.na_id = Some(StrId(b.intern("N/A")));
@@ -225,6 +232,8 @@ struct Builder {
     /// Bytes held by interned strings and stacks (twice: the vector and the lookup map), for
     /// the object budget.
     interned_bytes: u64,
+    /// Whether trace batches may be read in parallel ([`parallel`]).
+    parallel: bool,
 }
 
 /// Why a value did not fit: (key, expected, found).
@@ -412,13 +421,20 @@ impl Builder {
         }
         let empty = StrId::EMPTY;
         let frame = Frame { filename: filename.unwrap_or(empty), line, name: name.unwrap_or(empty) };
+        let id = self.add_frame(frame);
+        self.frame_cache.insert(d, id);
+        Ok(id)
+    }
+
+    /// Intern a converted frame.
+    fn add_frame(&mut self, frame: Frame) -> FrameId {
         if !self.has_cpp_frames {
             let f = &self.strings[frame.filename.0 as usize];
             if classify_filename(f) == FrameKind::Native {
                 self.has_cpp_frames = true;
             }
         }
-        let id = match self.frame_ids.get(&frame) {
+        match self.frame_ids.get(&frame) {
             Some(&id) => FrameId(id),
             None => {
                 let id = self.frames.len() as u32;
@@ -426,9 +442,7 @@ impl Builder {
                 self.frame_ids.insert(frame, id);
                 FrameId(id)
             }
-        };
-        self.frame_cache.insert(d, id);
-        Ok(id)
+        }
     }
 
     fn stack(&mut self, heap: &Heap<'_>, v: Value) -> Result<StackId, FieldError> {
@@ -573,6 +587,7 @@ impl Builder {
         let mut snap = Snapshot::default();
         snap.source.protocol = stats.protocol;
         snap.source.peak_built_bytes = stats.peak_built_bytes;
+        snap.source.parallel_bytes = stats.fast_forwarded;
         snap.source.producer = if stats.memoize > 0 && stats.protocol >= 4 {
             Producer::PythonPickler
         } else if stats.protocol == 2 && stats.memoize == 0 && stats.binput > 0 && stats.empty_batches > 0 {
@@ -632,6 +647,16 @@ impl Compactor for Builder {
             }
         }
         Some(self.commit_event(heap, ev, &unknown))
+    }
+
+    fn fast_forward(
+        &mut self,
+        ahead: memsnap_pickle::Ahead<'_, '_>,
+    ) -> Result<Option<memsnap_pickle::Advanced>, PickleError> {
+        if !self.parallel {
+            return Ok(None);
+        }
+        parallel::fast_forward(self, ahead)
     }
 
     fn retained_bytes(&self) -> u64 {

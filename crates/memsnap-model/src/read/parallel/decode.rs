@@ -1,0 +1,1027 @@
+//! Decoding one chunk of trace batches, on its own thread.
+//!
+//! A chunk is a run of whole batches of one trace list: `MARK entry… APPENDS` (or `entry
+//! APPEND`), each entry `EMPTY_DICT MEMOIZE MARK (key value)… SETITEMS`. The decoder reads
+//! exactly what [`Builder::compact`](super::super::Builder) would make of the same bytes, but
+//! into tables of its own: strings, frames and stacks are numbered per chunk and given their
+//! snapshot-wide ids when the chunks are merged in order ([`super::merge`]).
+//!
+//! Memo references are resolved by where the index falls:
+//! - at or above the chunk's `base`: an object of this chunk ([`Slot`]);
+//! - below the window's base: an object the VM holds (read through a shared [`StoreView`]);
+//! - in between: an object of an earlier chunk of this window, unknown until that chunk is
+//!   merged; kept as a reference ([`StackRef::Slot`], [`FrameRef::Slot`], [`Text::Slot`]) and
+//!   checked at the merge.
+//!
+//! Anything outside this grammar ends the chunk at the start of the batch that holds it; the
+//! VM reads that batch itself. So the decoder never has to agree with the VM on an error, only
+//! on what valid batches make.
+
+use std::borrow::Cow;
+use std::hash::{Hash, Hasher};
+
+use memsnap_pickle::scan::{self, Counts};
+use memsnap_pickle::{MemoRef, StoreView, Value};
+use rustc_hash::{FxHashMap, FxHasher};
+
+use super::super::{key_of, Key};
+use crate::types::{Action, StackId, MAX_ADDRESS, MAX_SIZE, NO_TIME};
+
+/// Longest string a chunk takes (the VM's own cap is 16 MiB; a longer one is the VM's to
+/// refuse).
+const MAX_STRING: usize = 1 << 20;
+/// LONG1 integers up to this many bytes (an i128, like the VM).
+const MAX_LONG: usize = 16;
+
+/// A string as an event or frame refers to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) enum Text {
+    /// `None` where a string may be: the empty string id.
+    Empty,
+    /// An entry of the chunk's string table.
+    Local(u32),
+    /// The string in a memo entry of an earlier chunk of the window.
+    Slot(u32),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) enum FrameRef {
+    /// A frame dict read in this chunk.
+    Local(u32),
+    /// A frame dict the VM holds (heap dict id).
+    Heap(u32),
+    /// A frame dict in a memo entry of an earlier chunk of the window.
+    Slot(u32),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum StackRef {
+    /// No frames (an empty or `None` frames value).
+    Empty,
+    /// A stack the builder already made (a frozen list's token).
+    Known(StackId),
+    /// A stack of the chunk's table.
+    Local(u32),
+    /// A list the VM holds that was never converted (heap list id).
+    Heap(u32),
+    /// A list in a memo entry of an earlier chunk of the window.
+    Slot(u32),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ActionRef {
+    Known(Action),
+    /// An action this version does not know, with its name (string table entry).
+    Unknown(u32),
+    /// The string in a memo entry of an earlier chunk of the window.
+    Slot(u32),
+}
+
+/// One trace entry, as the builder would convert it, with chunk-local references.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct RawEvent {
+    pub addr: u64,
+    pub size: u64,
+    pub stream: u64,
+    pub time_us: i64,
+    pub stack: StackRef,
+    pub compile_context: Text,
+    pub user_metadata: Text,
+    pub action: ActionRef,
+    /// `device_free` of an `oom` entry (it becomes the event's address).
+    pub device_free: Option<u64>,
+}
+
+/// A value kept to rebuild a memoized frame dict or tuple in the VM's heap.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum Raw {
+    None,
+    Bool(bool),
+    Int(i128),
+    Float(f64),
+    Str(u32),
+    /// Whatever a memo entry holds (index into the memo).
+    Memo(u32),
+}
+
+/// What a frame dict says, in the order it says it (the builder interns in that order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) enum FrameField {
+    Filename(Text),
+    Name(Text),
+    Line(u32),
+}
+
+#[derive(Clone, Debug, Default)]
+pub(super) struct LocalFrame {
+    pub fields: Vec<FrameField>,
+    /// The dict's items, to rebuild it in the heap.
+    pub items: Vec<(Raw, Raw)>,
+}
+
+/// What one `MEMOIZE` of the chunk stored.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Slot {
+    /// A trace entry (index into the chunk's events).
+    Entry(u32),
+    Str(u32),
+    /// A frames list: its stack, or `None` while it is being read or when it is empty.
+    List(Option<u32>),
+    Frame(u32),
+    /// A tuple of scalars (index into the chunk's tuples).
+    Tuple(u32),
+}
+
+/// Something the builder interns, at the point of the entries where it would first meet it;
+/// replayed in this order by the merge so that ids come out as the sequential reader's.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum First {
+    /// A `compile_context` or `user_metadata` string.
+    Text(Text),
+    /// A stack of the chunk's table.
+    Stack(u32),
+    /// A list the VM holds, converted here for the first time.
+    HeapList(u32),
+}
+
+/// A key this version does not know, or an action: counted like the builder counts them.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Unknown {
+    pub key: u32,
+}
+
+/// The chunk's state after each batch, so the merge can end a chunk at a batch boundary.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Mark {
+    /// Offset in the window just after the batch.
+    pub end: usize,
+    pub events: usize,
+    pub slots: usize,
+    pub firsts: usize,
+    pub unknown: usize,
+    pub counts: Counts,
+    pub frame_end: Option<usize>,
+}
+
+/// A decoded chunk.
+#[derive(Default)]
+pub(super) struct Chunk<'d> {
+    /// Memo index of the first `MEMOIZE` of the chunk.
+    pub base: u32,
+    pub start: usize,
+    pub events: Vec<RawEvent>,
+    pub slots: Vec<Slot>,
+    /// Strings read from the window, or copied from the VM's heap.
+    pub strs: Vec<Cow<'d, str>>,
+    pub frames: Vec<LocalFrame>,
+    pub stacks: Vec<Vec<FrameRef>>,
+    pub tuples: Vec<Vec<Raw>>,
+    pub firsts: Vec<First>,
+    pub unknown: Vec<Unknown>,
+    /// State after each whole batch, in order.
+    pub marks: Vec<Mark>,
+    /// Whether the chunk ended exactly where the next one starts.
+    pub complete: bool,
+    /// Whether the batch that ended it ran past the end of the window (so more input may
+    /// continue it).
+    pub ran_out: bool,
+}
+
+/// Everything a decoder reads besides its bytes.
+#[derive(Clone, Copy)]
+pub(super) struct Window<'d, 's, 'a> {
+    pub data: &'d [u8],
+    pub store: StoreView<'s, 'a>,
+    /// Memo length when the window was taken: indices below it are the VM's.
+    pub vm_memo: u32,
+}
+
+/// A malformed or unexpected construct: the batch is left to the VM.
+struct Stop;
+
+type R<T> = Result<T, Stop>;
+
+/// Read the chunk that starts at `start` (a batch boundary) with memo base `base`, up to
+/// `stop` (the next chunk's start).
+pub(super) fn decode<'d>(w: Window<'d, '_, '_>, start: usize, stop: usize, base: u32) -> Chunk<'d> {
+    let mut d = Decoder {
+        w,
+        pos: start,
+        counts: Counts::default(),
+        frame_end: None,
+        chunk: Chunk { base, start, ..Chunk::default() },
+        str_ids: FxHashMap::default(),
+        stack_ids: FxHashMap::default(),
+        logged: Vec::new(),
+        key_cache: [(u32::MAX, Key::Other); KEY_CACHE],
+        text_cache: [(u32::MAX, 0); KEY_CACHE],
+        last_literal: ("", u32::MAX),
+        frames_buf: Vec::new(),
+        ran_out: false,
+    };
+    while d.pos < stop {
+        let mark = d.mark();
+        d.ran_out = false;
+        if d.batch().is_err() {
+            d.chunk.ran_out = d.ran_out;
+            d.restore(mark);
+            break;
+        }
+        let m = d.mark();
+        d.chunk.marks.push(m);
+    }
+    d.chunk.complete = d.pos == stop;
+    d.chunk
+}
+
+const KEY_CACHE: usize = 64;
+
+struct Decoder<'d, 's, 'a> {
+    w: Window<'d, 's, 'a>,
+    pos: usize,
+    counts: Counts,
+    frame_end: Option<usize>,
+    chunk: Chunk<'d>,
+    str_ids: FxHashMap<Cow<'d, str>, u32>,
+    stack_ids: FxHashMap<u64, Vec<u32>>,
+    /// Per string of the table: whether a [`First::Text`] was logged for it.
+    logged: Vec<bool>,
+    /// Memo index → key, for the VM's key strings (direct-mapped).
+    key_cache: [(u32, Key); KEY_CACHE],
+    /// Memo index → string table entry, for the VM's strings fetched as values (an action,
+    /// the empty `user_metadata` of every entry).
+    text_cache: [(u32, u32); KEY_CACHE],
+    /// The last string read literally, and its entry (the `'N/A'` every entry writes anew).
+    last_literal: (&'d str, u32),
+    frames_buf: Vec<FrameRef>,
+    /// Whether a read went past the end of the window.
+    ran_out: bool,
+}
+
+/// What a memo reference is, seen from the chunk.
+enum Got {
+    Local(Slot),
+    Vm(MemoRef),
+    Earlier(u32),
+}
+
+impl<'d> Decoder<'d, '_, '_> {
+    fn mark(&self) -> Mark {
+        Mark {
+            end: self.pos,
+            events: self.chunk.events.len(),
+            slots: self.chunk.slots.len(),
+            firsts: self.chunk.firsts.len(),
+            unknown: self.chunk.unknown.len(),
+            counts: self.counts,
+            frame_end: self.frame_end,
+        }
+    }
+
+    fn restore(&mut self, m: Mark) {
+        self.pos = m.end;
+        self.chunk.events.truncate(m.events);
+        self.chunk.slots.truncate(m.slots);
+        // Strings, frames and stacks a failed batch added stay in the tables unreferenced;
+        // only what the log and the events point at is ever given an id.
+        for f in &self.chunk.firsts[m.firsts..] {
+            if let First::Text(Text::Local(s)) = f {
+                self.logged[*s as usize] = false;
+            }
+        }
+        self.chunk.firsts.truncate(m.firsts);
+        self.chunk.unknown.truncate(m.unknown);
+        self.counts = m.counts;
+        self.frame_end = m.frame_end;
+    }
+
+    // --- bytes and opcodes
+
+    /// The next opcode, past any `FRAME` headers (whose frames must lie inside the window).
+    #[inline(always)]
+    fn op(&mut self) -> R<u8> {
+        loop {
+            let Some(&b) = self.w.data.get(self.pos) else {
+                self.ran_out = true;
+                return Err(Stop);
+            };
+            if b != scan::FRAME {
+                self.pos += 1;
+                self.counts.opcodes += 1;
+                self.counts.memoize += (b == scan::MEMOIZE) as u64;
+                return Ok(b);
+            }
+            let Some(len) = self.w.data.get(self.pos + 1..self.pos + 9) else {
+                self.ran_out = true;
+                return Err(Stop);
+            };
+            let n = u64::from_le_bytes(len.try_into().map_err(|_| Stop)?);
+            let end = (self.pos as u64 + 9).checked_add(n).ok_or(Stop)?;
+            if end > self.w.data.len() as u64 {
+                self.ran_out = true;
+                return Err(Stop);
+            }
+            self.pos += 9;
+            self.counts.opcodes += 1;
+            self.counts.frames += 1;
+            self.frame_end = Some(end as usize);
+        }
+    }
+
+    /// The next opcode without taking it.
+    #[inline(always)]
+    fn peek(&mut self) -> Option<u8> {
+        let (pos, counts, fe) = (self.pos, self.counts, self.frame_end);
+        let op = self.op().ok();
+        (self.pos, self.counts, self.frame_end) = (pos, counts, fe);
+        op
+    }
+
+    #[inline(always)]
+    fn expect(&mut self, op: u8) -> R<()> {
+        if self.op()? == op {
+            Ok(())
+        } else {
+            Err(Stop)
+        }
+    }
+
+    #[inline(always)]
+    fn take(&mut self, n: usize) -> R<&'d [u8]> {
+        let data: &'d [u8] = self.w.data;
+        let end = self.pos.checked_add(n).ok_or(Stop)?;
+        let Some(s) = data.get(self.pos..end) else {
+            self.ran_out = true;
+            return Err(Stop);
+        };
+        self.pos = end;
+        Ok(s)
+    }
+
+    #[inline(always)]
+    fn arg<const N: usize>(&mut self) -> R<[u8; N]> {
+        self.take(N)?.try_into().map_err(|_| Stop)
+    }
+
+    /// The string argument of a string opcode already taken.
+    fn string_arg(&mut self, op: u8) -> R<&'d str> {
+        let n = match op {
+            0x8c => self.arg::<1>()?[0] as usize,
+            b'X' => u32::from_le_bytes(self.arg()?) as usize,
+            _ => return Err(Stop),
+        };
+        if n > MAX_STRING {
+            return Err(Stop);
+        }
+        std::str::from_utf8(self.take(n)?).map_err(|_| Stop)
+    }
+
+    /// A `MEMOIZE` if one follows: stores `slot`.
+    #[inline]
+    fn maybe_memoize(&mut self, slot: Slot) {
+        if self.peek() == Some(scan::MEMOIZE) {
+            let _ = self.op();
+            self.chunk.slots.push(slot);
+        }
+    }
+
+    fn memoize(&mut self, slot: Slot) -> R<()> {
+        self.expect(scan::MEMOIZE)?;
+        self.chunk.slots.push(slot);
+        Ok(())
+    }
+
+    /// The memo index of a `BINGET`/`LONG_BINGET` already taken.
+    #[inline(always)]
+    fn get_arg(&mut self, op: u8) -> R<u32> {
+        Ok(match op {
+            scan::BINGET => self.arg::<1>()?[0] as u32,
+            scan::LONG_BINGET => u32::from_le_bytes(self.arg()?),
+            _ => return Err(Stop),
+        })
+    }
+
+    fn resolve(&self, g: u32) -> R<Got> {
+        let base = self.chunk.base;
+        if g >= base {
+            return self.chunk.slots.get((g - base) as usize).copied().map(Got::Local).ok_or(Stop);
+        }
+        if g < self.w.vm_memo {
+            return self.w.store.memo_get(g as usize).map(Got::Vm).ok_or(Stop);
+        }
+        Ok(Got::Earlier(g))
+    }
+
+    // --- tables
+
+    /// A string of the window in the chunk's table.
+    fn intern(&mut self, s: &'d str) -> u32 {
+        if self.last_literal.1 != u32::MAX && self.last_literal.0 == s {
+            return self.last_literal.1;
+        }
+        let id = self.intern_cow(Cow::Borrowed(s));
+        self.last_literal = (s, id);
+        id
+    }
+
+    /// A string of the VM's memo entry `g` (a heap string `s`) in the chunk's table.
+    #[inline]
+    fn vm_text(&mut self, g: u32, s: u32) -> u32 {
+        let c = self.text_cache[g as usize % KEY_CACHE];
+        if c.0 == g {
+            return c.1;
+        }
+        let heap = self.w.store.heap;
+        let id = self.intern_copy(heap.str(s));
+        self.text_cache[g as usize % KEY_CACHE] = (g, id);
+        id
+    }
+
+    /// A string of the VM's heap in the chunk's table (copied: the heap grows at the merge).
+    fn intern_copy(&mut self, s: &str) -> u32 {
+        match self.str_ids.get(s) {
+            Some(&id) => id,
+            None => self.intern_cow(Cow::Owned(s.to_string())),
+        }
+    }
+
+    fn intern_cow(&mut self, s: Cow<'d, str>) -> u32 {
+        if let Some(&id) = self.str_ids.get(&*s) {
+            return id;
+        }
+        let id = self.chunk.strs.len() as u32;
+        self.chunk.strs.push(s.clone());
+        self.logged.push(false);
+        self.str_ids.insert(s, id);
+        id
+    }
+
+    /// A string the builder interns as an event's text: logged the first time.
+    fn log_text(&mut self, t: Text) {
+        match t {
+            Text::Empty => {}
+            Text::Local(s) => {
+                if !self.logged[s as usize] {
+                    self.logged[s as usize] = true;
+                    self.chunk.firsts.push(First::Text(t));
+                }
+            }
+            Text::Slot(_) => self.chunk.firsts.push(First::Text(t)),
+        }
+    }
+
+    fn stack_of(&mut self, frames: &[FrameRef]) -> u32 {
+        let mut h = FxHasher::default();
+        frames.hash(&mut h);
+        let key = h.finish();
+        if let Some(ids) = self.stack_ids.get(&key) {
+            for &id in ids {
+                if self.chunk.stacks[id as usize] == frames {
+                    return id;
+                }
+            }
+        }
+        let id = self.chunk.stacks.len() as u32;
+        self.chunk.stacks.push(frames.to_vec());
+        self.stack_ids.entry(key).or_default().push(id);
+        id
+    }
+
+    // --- the grammar
+
+    fn batch(&mut self) -> R<()> {
+        match self.op()? {
+            scan::MARK => {
+                let mut n = 0;
+                loop {
+                    match self.op()? {
+                        scan::EMPTY_DICT => self.entry()?,
+                        scan::APPENDS if n > 0 => return Ok(()),
+                        _ => return Err(Stop),
+                    }
+                    n += 1;
+                }
+            }
+            scan::EMPTY_DICT => {
+                self.entry()?;
+                self.expect(scan::APPEND)
+            }
+            _ => Err(Stop),
+        }
+    }
+
+    /// A string for a key or a value: literal or fetched.
+    fn key(&mut self) -> R<Key> {
+        let op = self.op()?;
+        match op {
+            scan::BINGET | scan::LONG_BINGET => {
+                let g = self.get_arg(op)?;
+                let c = &mut self.key_cache[g as usize % KEY_CACHE];
+                if c.0 == g {
+                    return Ok(c.1);
+                }
+                let k = match self.resolve(g)? {
+                    Got::Local(Slot::Str(s)) => key_of(&self.chunk.strs[s as usize]),
+                    Got::Vm(MemoRef::Value(Value::Str(s))) => {
+                        let k = key_of(self.w.store.heap.str(s));
+                        self.key_cache[g as usize % KEY_CACHE] = (g, k);
+                        k
+                    }
+                    _ => return Err(Stop),
+                };
+                Ok(k)
+            }
+            0x8c | b'X' => {
+                let s = self.string_arg(op)?;
+                let id = self.intern(s);
+                self.maybe_memoize(Slot::Str(id));
+                Ok(key_of(s))
+            }
+            _ => Err(Stop),
+        }
+    }
+
+    /// The name of the key just read, for counting unknown keys (the string table entry).
+    fn last_key_name(&mut self, key_start: usize) -> R<u32> {
+        let (pos, counts, fe) = (self.pos, self.counts, self.frame_end);
+        self.pos = key_start;
+        let op = self.op()?;
+        let id = match op {
+            scan::BINGET | scan::LONG_BINGET => {
+                let g = self.get_arg(op)?;
+                match self.resolve(g)? {
+                    Got::Local(Slot::Str(s)) => s,
+                    Got::Vm(MemoRef::Value(Value::Str(s))) => {
+                        let heap = self.w.store.heap;
+                        self.intern_copy(heap.str(s))
+                    }
+                    _ => return Err(Stop),
+                }
+            }
+            _ => {
+                let s = self.string_arg(op)?;
+                self.intern(s)
+            }
+        };
+        (self.pos, self.counts, self.frame_end) = (pos, counts, fe);
+        Ok(id)
+    }
+
+    /// A scalar value (an opcode already taken).
+    #[inline(always)]
+    fn scalar(&mut self, op: u8) -> R<Raw> {
+        Ok(match op {
+            b'N' => Raw::None,
+            0x88 => Raw::Bool(true),
+            0x89 => Raw::Bool(false),
+            b'K' => Raw::Int(self.arg::<1>()?[0] as i128),
+            b'M' => Raw::Int(u16::from_le_bytes(self.arg()?) as i128),
+            b'J' => Raw::Int(i32::from_le_bytes(self.arg()?) as i128),
+            0x8a => {
+                let n = self.arg::<1>()?[0] as usize;
+                if n > MAX_LONG {
+                    return Err(Stop);
+                }
+                Raw::Int(long_value(self.take(n)?))
+            }
+            b'G' => Raw::Float(f64::from_be_bytes(self.arg()?)),
+            _ => return Err(Stop),
+        })
+    }
+
+    /// Any value of an ignored key: a scalar, a string, a memo reference or a tuple of those.
+    fn value(&mut self) -> R<Raw> {
+        let op = self.op()?;
+        match op {
+            0x8c | b'X' => {
+                let s = self.string_arg(op)?;
+                let id = self.intern(s);
+                self.maybe_memoize(Slot::Str(id));
+                Ok(Raw::Str(id))
+            }
+            scan::BINGET | scan::LONG_BINGET => {
+                let g = self.get_arg(op)?;
+                match self.resolve(g)? {
+                    // A list or a dict fetched into an ignored key would be shared with what
+                    // holds it: not what a trace entry does.
+                    Got::Local(Slot::Str(_)) | Got::Local(Slot::Tuple(_)) | Got::Earlier(_) => Ok(Raw::Memo(g)),
+                    Got::Vm(MemoRef::Value(v)) if !matches!(v, Value::List(_) | Value::Dict(_) | Value::Set(_)) => {
+                        Ok(Raw::Memo(g))
+                    }
+                    _ => Err(Stop),
+                }
+            }
+            b')' => self.tuple(Vec::new()),
+            _ => {
+                let first = self.scalar(op)?;
+                if matches!(first, Raw::Int(i) if i64::try_from(i).is_err()) {
+                    return Err(Stop);
+                }
+                // Up to three scalars and TUPLE1–3: a small tuple (e.g. a pool id).
+                let mut items = vec![first];
+                loop {
+                    match self.peek() {
+                        Some(t @ 0x85..=0x87) if (t - 0x84) as usize == items.len() => {
+                            let _ = self.op();
+                            return self.tuple(items);
+                        }
+                        Some(b'N' | 0x88 | 0x89 | b'K' | b'M' | b'J' | 0x8a | b'G') if items.len() < 3 => {
+                            let op = self.op()?;
+                            let v = self.scalar(op)?;
+                            if matches!(v, Raw::Int(i) if i64::try_from(i).is_err()) {
+                                return Err(Stop);
+                            }
+                            items.push(v);
+                        }
+                        _ if items.len() == 1 => return Ok(first),
+                        _ => return Err(Stop),
+                    }
+                }
+            }
+        }
+    }
+
+    fn tuple(&mut self, items: Vec<Raw>) -> R<Raw> {
+        let id = self.chunk.tuples.len() as u32;
+        self.chunk.tuples.push(items);
+        if self.peek() != Some(scan::MEMOIZE) {
+            // Only memoized tuples can be fetched again; an unmemoized one is gone.
+            return Ok(Raw::None);
+        }
+        self.memoize(Slot::Tuple(id))?;
+        Ok(Raw::Memo(self.chunk.base + self.chunk.slots.len() as u32 - 1))
+    }
+
+    /// A string value (or `None`): literal, or fetched.
+    fn text(&mut self) -> R<Text> {
+        let op = self.op()?;
+        match op {
+            b'N' => Ok(Text::Empty),
+            0x8c | b'X' => {
+                let s = self.string_arg(op)?;
+                let id = self.intern(s);
+                self.maybe_memoize(Slot::Str(id));
+                Ok(Text::Local(id))
+            }
+            scan::BINGET | scan::LONG_BINGET => {
+                let g = self.get_arg(op)?;
+                match self.resolve(g)? {
+                    Got::Local(Slot::Str(s)) => Ok(Text::Local(s)),
+                    Got::Vm(MemoRef::Value(Value::Str(s))) => Ok(Text::Local(self.vm_text(g, s))),
+                    Got::Vm(MemoRef::Value(Value::None)) => Ok(Text::Empty),
+                    Got::Earlier(g) => Ok(Text::Slot(g)),
+                    _ => Err(Stop),
+                }
+            }
+            _ => Err(Stop),
+        }
+    }
+
+    fn action(&mut self) -> R<ActionRef> {
+        let op = self.op()?;
+        match op {
+            0x8c | b'X' => {
+                let s = self.string_arg(op)?;
+                let id = self.intern(s);
+                self.maybe_memoize(Slot::Str(id));
+                Ok(match Action::parse(s) {
+                    Action::Other => ActionRef::Unknown(id),
+                    a => ActionRef::Known(a),
+                })
+            }
+            scan::BINGET | scan::LONG_BINGET => {
+                let g = self.get_arg(op)?;
+                match self.resolve(g)? {
+                    Got::Local(Slot::Str(s)) => Ok(match Action::parse(&self.chunk.strs[s as usize]) {
+                        Action::Other => ActionRef::Unknown(s),
+                        a => ActionRef::Known(a),
+                    }),
+                    Got::Vm(MemoRef::Value(Value::Str(s))) => {
+                        let id = self.vm_text(g, s);
+                        Ok(match Action::parse(&self.chunk.strs[id as usize]) {
+                            Action::Other => ActionRef::Unknown(id),
+                            a => ActionRef::Known(a),
+                        })
+                    }
+                    Got::Earlier(g) => Ok(ActionRef::Slot(g)),
+                    _ => Err(Stop),
+                }
+            }
+            _ => Err(Stop),
+        }
+    }
+
+    fn int(&mut self) -> R<i128> {
+        let op = self.op()?;
+        match self.scalar(op)? {
+            Raw::Int(i) => Ok(i),
+            Raw::Bool(b) => Ok(b as i128),
+            _ => Err(Stop),
+        }
+    }
+
+    fn entry(&mut self) -> R<()> {
+        let index = self.chunk.events.len() as u32;
+        self.memoize(Slot::Entry(index))?;
+        self.expect(scan::MARK)?;
+        let mut ev = RawEvent {
+            addr: 0,
+            size: 0,
+            stream: 0,
+            time_us: NO_TIME,
+            stack: StackRef::Empty,
+            compile_context: Text::Empty,
+            user_metadata: Text::Empty,
+            action: ActionRef::Known(Action::Other),
+            device_free: None,
+        };
+        let mut action_seen = false;
+        let mut frames_seen = false;
+        loop {
+            if self.peek() == Some(scan::SETITEMS) {
+                let _ = self.op();
+                break;
+            }
+            let key_start = self.pos;
+            match self.key()? {
+                Key::Action => {
+                    ev.action = self.action()?;
+                    action_seen = true;
+                }
+                Key::Addr => ev.addr = u64_in(self.int()?, MAX_ADDRESS)?,
+                Key::Size => ev.size = u64_in(self.int()?, MAX_SIZE)?,
+                Key::Stream => {
+                    let i = self.int()?;
+                    if i < i64::MIN as i128 || i > u64::MAX as i128 {
+                        return Err(Stop);
+                    }
+                    ev.stream = i as u64;
+                }
+                Key::TimeUs => {
+                    let op = self.op()?;
+                    ev.time_us = match self.scalar(op)? {
+                        Raw::None => NO_TIME,
+                        Raw::Int(i) if i >= i64::MIN as i128 && i <= i64::MAX as i128 && i != NO_TIME as i128 => {
+                            i as i64
+                        }
+                        Raw::Bool(b) => b as i64,
+                        Raw::Float(f) if f.is_finite() && f as i64 != NO_TIME => f as i64,
+                        _ => return Err(Stop),
+                    }
+                }
+                Key::Frames => {
+                    // The builder freezes only the last of two `frames` lists: left to it.
+                    if std::mem::replace(&mut frames_seen, true) {
+                        return Err(Stop);
+                    }
+                    ev.stack = self.frames()?;
+                }
+                Key::CompileContext => {
+                    ev.compile_context = self.text()?;
+                    self.log_text(ev.compile_context);
+                }
+                Key::UserMetadata => {
+                    ev.user_metadata = self.text()?;
+                    self.log_text(ev.user_metadata);
+                }
+                Key::DeviceFree => ev.device_free = Some(u64_in(self.int()?, u64::MAX)?),
+                Key::PoolId => {
+                    self.value()?;
+                }
+                Key::Filename | Key::Line | Key::Name | Key::Other => {
+                    let key = self.last_key_name(key_start)?;
+                    self.chunk.unknown.push(Unknown { key });
+                    self.value()?;
+                }
+            }
+        }
+        if !action_seen {
+            return Err(Stop);
+        }
+        self.chunk.events.push(ev);
+        Ok(())
+    }
+
+    /// A `frames` value.
+    fn frames(&mut self) -> R<StackRef> {
+        let op = self.op()?;
+        match op {
+            b'N' => Ok(StackRef::Empty),
+            scan::BINGET | scan::LONG_BINGET => {
+                let g = self.get_arg(op)?;
+                match self.resolve(g)? {
+                    Got::Local(Slot::List(None)) => Ok(StackRef::Empty),
+                    Got::Local(Slot::List(Some(s))) => Ok(StackRef::Local(s)),
+                    Got::Vm(MemoRef::LazyList(0)) => Ok(StackRef::Empty),
+                    Got::Vm(MemoRef::LazyList(t)) => Ok(StackRef::Known(StackId(t))),
+                    Got::Vm(MemoRef::Value(Value::List(id))) => match self.w.store.heap.list(id) {
+                        memsnap_pickle::ListStore::Frozen(t) => Ok(StackRef::Known(StackId(*t))),
+                        l if l.is_empty() => Ok(StackRef::Empty),
+                        memsnap_pickle::ListStore::Values(_) => {
+                            self.chunk.firsts.push(First::HeapList(id));
+                            Ok(StackRef::Heap(id))
+                        }
+                        memsnap_pickle::ListStore::Records { .. } => Err(Stop),
+                    },
+                    Got::Vm(MemoRef::Value(Value::None)) => Ok(StackRef::Empty),
+                    Got::Earlier(g) => Ok(StackRef::Slot(g)),
+                    _ => Err(Stop),
+                }
+            }
+            scan::EMPTY_LIST => {
+                let slot = self.chunk.slots.len();
+                self.memoize(Slot::List(None))?;
+                let mut frames = std::mem::take(&mut self.frames_buf);
+                frames.clear();
+                let r = self.frame_list(&mut frames);
+                let stack = match r {
+                    Ok(()) if frames.is_empty() => Ok(StackRef::Empty),
+                    Ok(()) => {
+                        let id = self.stack_of(&frames);
+                        self.chunk.slots[slot] = Slot::List(Some(id));
+                        self.chunk.firsts.push(First::Stack(id));
+                        Ok(StackRef::Local(id))
+                    }
+                    Err(e) => Err(e),
+                };
+                self.frames_buf = frames;
+                stack
+            }
+            _ => Err(Stop),
+        }
+    }
+
+    /// The items of a fresh frames list, after its `EMPTY_LIST MEMOIZE`.
+    fn frame_list(&mut self, frames: &mut Vec<FrameRef>) -> R<()> {
+        loop {
+            match self.peek() {
+                Some(scan::MARK) => {
+                    let _ = self.op();
+                    let mut n = 0;
+                    loop {
+                        let op = self.op()?;
+                        if op == scan::APPENDS && n > 0 {
+                            break;
+                        }
+                        frames.push(self.frame_ref(op)?);
+                        n += 1;
+                    }
+                }
+                Some(scan::EMPTY_DICT) => {
+                    let op = self.op()?;
+                    frames.push(self.frame_ref(op)?);
+                    self.expect(scan::APPEND)?;
+                }
+                Some(scan::BINGET | scan::LONG_BINGET) => {
+                    // One fetched frame then APPEND, or the entry's next key (the list is
+                    // empty): only the APPEND tells.
+                    let (pos, counts, fe) = (self.pos, self.counts, self.frame_end);
+                    let op = self.op()?;
+                    self.get_arg(op)?;
+                    let appended = self.peek() == Some(scan::APPEND);
+                    (self.pos, self.counts, self.frame_end) = (pos, counts, fe);
+                    if !appended {
+                        return Ok(());
+                    }
+                    let op = self.op()?;
+                    frames.push(self.frame_ref(op)?);
+                    self.expect(scan::APPEND)?;
+                }
+                _ => return Ok(()),
+            }
+        }
+    }
+
+    fn frame_ref(&mut self, op: u8) -> R<FrameRef> {
+        match op {
+            scan::BINGET | scan::LONG_BINGET => {
+                let g = self.get_arg(op)?;
+                match self.resolve(g)? {
+                    Got::Local(Slot::Frame(f)) => Ok(FrameRef::Local(f)),
+                    Got::Vm(MemoRef::Value(Value::Dict(d))) => Ok(FrameRef::Heap(d)),
+                    Got::Earlier(g) => Ok(FrameRef::Slot(g)),
+                    _ => Err(Stop),
+                }
+            }
+            scan::EMPTY_DICT => {
+                let id = self.chunk.frames.len() as u32;
+                self.memoize(Slot::Frame(id))?;
+                let mut frame = LocalFrame::default();
+                if self.peek() == Some(scan::MARK) {
+                    let _ = self.op();
+                    loop {
+                        if self.peek() == Some(scan::SETITEMS) {
+                            let _ = self.op();
+                            break;
+                        }
+                        self.frame_item(&mut frame)?;
+                    }
+                } else {
+                    // One item: key value SETITEM.
+                    self.frame_item(&mut frame)?;
+                    self.expect(b's')?;
+                }
+                self.chunk.frames.push(frame);
+                Ok(FrameRef::Local(id))
+            }
+            _ => Err(Stop),
+        }
+    }
+
+    fn frame_item(&mut self, frame: &mut LocalFrame) -> R<()> {
+        let key_start = self.pos;
+        let key = self.key()?;
+        let key_raw = self.raw_at(key_start)?;
+        match key {
+            Key::Filename | Key::Name => {
+                let value_start = self.pos;
+                let t = self.text()?;
+                frame.fields.push(if key == Key::Filename { FrameField::Filename(t) } else { FrameField::Name(t) });
+                let raw = match t {
+                    Text::Empty => Raw::None,
+                    Text::Local(s) if !self.fetched(value_start) => Raw::Str(s),
+                    _ => self.raw_at(value_start)?,
+                };
+                frame.items.push((key_raw, raw));
+            }
+            Key::Line => {
+                let op = self.op()?;
+                let v = self.scalar(op)?;
+                if matches!(v, Raw::Int(i) if i64::try_from(i).is_err()) {
+                    return Err(Stop);
+                }
+                let line = match v {
+                    Raw::Int(l) => l.clamp(0, u32::MAX as i128) as u32,
+                    Raw::Bool(b) => b as u32,
+                    Raw::None => 0,
+                    _ => return Err(Stop),
+                };
+                frame.fields.push(FrameField::Line(line));
+                frame.items.push((key_raw, v));
+            }
+            // A frame dict with a trace entry's keys: the builder would try it as an entry.
+            Key::Action
+            | Key::Addr
+            | Key::Size
+            | Key::Stream
+            | Key::TimeUs
+            | Key::Frames
+            | Key::CompileContext
+            | Key::UserMetadata
+            | Key::DeviceFree
+            | Key::PoolId => return Err(Stop),
+            Key::Other => {
+                let v = self.value()?;
+                frame.items.push((key_raw, v));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the value at `at` is a memo fetch.
+    fn fetched(&self, at: usize) -> bool {
+        let mut p = at;
+        while self.w.data.get(p) == Some(&scan::FRAME) {
+            p += 9;
+        }
+        matches!(self.w.data.get(p), Some(&scan::BINGET | &scan::LONG_BINGET))
+    }
+
+    /// The string at `at` (read before) as a value to rebuild: a table entry, or the memo
+    /// index it was fetched from.
+    fn raw_at(&mut self, at: usize) -> R<Raw> {
+        let (pos, counts, fe) = (self.pos, self.counts, self.frame_end);
+        self.pos = at;
+        let op = self.op()?;
+        let raw = match op {
+            scan::BINGET | scan::LONG_BINGET => Raw::Memo(self.get_arg(op)?),
+            0x8c | b'X' => {
+                let s = self.string_arg(op)?;
+                Raw::Str(self.intern(s))
+            }
+            _ => Raw::None,
+        };
+        (self.pos, self.counts, self.frame_end) = (pos, counts, fe);
+        Ok(raw)
+    }
+}
+
+/// A non-negative integer at most `max`.
+fn u64_in(i: i128, max: u64) -> R<u64> {
+    if i >= 0 && i <= max as i128 {
+        Ok(i as u64)
+    } else {
+        Err(Stop)
+    }
+}
+
+/// Little-endian two's-complement integer of at most 16 bytes (LONG1).
+fn long_value(b: &[u8]) -> i128 {
+    if b.is_empty() {
+        return 0;
+    }
+    let neg = b[b.len() - 1] & 0x80 != 0;
+    let mut buf = [if neg { 0xff } else { 0 }; 16];
+    buf[..b.len()].copy_from_slice(b);
+    i128::from_le_bytes(buf)
+}

@@ -1,0 +1,249 @@
+//! Reading a snapshot's trace on several threads.
+//!
+//! Why it can be done: a snapshot written by Python's pickler (protocol 4 or 5) is cut into
+//! `FRAME`s of at most 64 KiB that end on opcode boundaries, so any frame start is a place to
+//! begin decoding opcodes. A trace list is written as batches of 1000 entries (`MARK entry…
+//! APPENDS`), and a batch starts with a pattern no other object of a snapshot starts with:
+//! `MARK EMPTY_DICT MEMOIZE MARK BINGET <the memo index of the key 'action'>`. `MEMOIZE` gives
+//! each object the next memo index, so counting the `MEMOIZE`s of every chunk (a walk over
+//! opcode lengths, in parallel) tells each chunk the exact memo index it starts at. Each chunk
+//! then decodes its batches into events on its own thread ([`decode`]); references to objects
+//! of earlier chunks stay references until the chunks are merged in order ([`merge`]), which
+//! gives strings, frames and stacks the ids the sequential reader would have given them.
+//!
+//! How it fits the VM: after the VM appends a batch of compacted entries to a list, it offers
+//! the builder to read on ([`memsnap_pickle::Compactor::fast_forward`]); this module reads as
+//! many whole batches as it can from a window of the input and hands the VM the records, the
+//! memo entries and the counts those bytes would have made. The first thing it does not
+//! understand (the end of the list, an unusual entry, a protocol-2 file from the C++ pickler,
+//! which has no frames) is left to the VM, so the output is the sequential reader's, byte for
+//! byte, and the sequential reader stays the reference (`ReadOptions::sequential`, the
+//! differential tests and the fuzz target).
+
+mod decode;
+mod merge;
+
+use memsnap_pickle::scan::{self, Counts};
+use memsnap_pickle::{Advanced, Ahead, MemoRef, PickleError, StoreView, Value};
+use rayon::prelude::*;
+
+use super::Builder;
+use decode::Window;
+
+/// Bytes per chunk: a chunk is the unit of work of one thread. Small enough that a 32 MiB
+/// window keeps 16 threads busy, large enough that per-chunk tables amortize (a chunk holds
+/// about 12 000 entries).
+const CHUNK_BYTES: usize = 1 << 20;
+
+/// Read on from `ahead` (see the module comment); `None` when nothing could be read.
+pub(super) fn fast_forward(b: &mut Builder, ahead: Ahead<'_, '_>) -> Result<Option<Advanced>, PickleError> {
+    let Ahead { bytes, offset, frame_end, list: _, mut store } = ahead;
+    let view = store.view();
+    let vm_memo = view.memo_len();
+    if vm_memo >= (u32::MAX / 2) as usize {
+        return Ok(None);
+    }
+    let Some(frame_rel) = frame_end.checked_sub(offset) else { return Ok(None) };
+    let (bounds, chain_to_end) = chunk_bounds(bytes, frame_rel);
+    if bounds.len() < 2 || !batch_starts(bytes, 0, view, true) {
+        return Ok(None);
+    }
+
+    // Phase 1, parallel: where each chunk's first batch starts, and its MEMOIZE count.
+    let scans: Vec<Option<ChunkScan>> =
+        (0..bounds.len() - 1).into_par_iter().map(|k| scan_chunk(bytes, bounds[k], bounds[k + 1], view)).collect();
+    let mut starts: Vec<(usize, u32)> = Vec::new();
+    let mut memo = vm_memo as u64;
+    let mut scanned_to_end = true;
+    let mut last_stop = *bounds.last().unwrap_or(&0);
+    for (k, s) in scans.iter().enumerate() {
+        let Some(s) = s else {
+            scanned_to_end = false;
+            last_stop = bounds[k];
+            break;
+        };
+        if let Some((pos, before)) = s.sync {
+            let base = memo + before.memoize;
+            if base >= (u32::MAX / 2) as u64 {
+                scanned_to_end = false;
+                last_stop = bounds[k];
+                break;
+            }
+            starts.push((pos, base as u32));
+        }
+        memo += s.total.memoize;
+    }
+    if starts.first().map(|s| s.0) != Some(0) {
+        return Ok(None);
+    }
+
+    // Phase 2, parallel: decode each chunk from its start to the next one's.
+    let window = Window { data: bytes, store: view, vm_memo: vm_memo as u32 };
+    let chunks: Vec<decode::Chunk<'_>> = (0..starts.len())
+        .into_par_iter()
+        .map(|i| {
+            let stop = starts.get(i + 1).map_or(last_stop, |s| s.0);
+            decode::decode(window, starts[i].0, stop, starts[i].1)
+        })
+        .collect();
+
+    // Phase 3, in order: merge.
+    let first_record = b.events.len() as u32;
+    let mut adv = Advanced { first_record, ..Advanced::default() };
+    let mut window_end = scanned_to_end && chain_to_end;
+    for (i, chunk) in chunks.iter().enumerate() {
+        let expected_base = expected_base(&chunks, i, vm_memo as u32);
+        if chunk.base != expected_base {
+            window_end = false;
+            break;
+        }
+        let merged = merge::merge(b, &mut store, chunk).map_err(|kind| PickleError {
+            offset: (offset as usize).saturating_add(chunk.start),
+            opcode: None,
+            kind,
+        })?;
+        let Some(mark) = merged.last else {
+            window_end = false;
+            break;
+        };
+        adv.consumed = mark.end;
+        adv.opcodes += mark.counts.opcodes;
+        adv.memoize += mark.counts.memoize;
+        adv.frames += mark.counts.frames;
+        if let Some(fe) = mark.frame_end {
+            adv.frame_end = Some(offset + fe as u64);
+        }
+        let last_chunk = i + 1 == chunks.len();
+        if !merged.whole || !(chunk.complete || last_chunk) {
+            window_end = false;
+            break;
+        }
+        if last_chunk {
+            window_end &= chunk.ran_out || chunk.complete;
+        }
+    }
+    adv.records = b.events.len() as u32 - first_record;
+    adv.window_end = window_end;
+    Ok((adv.consumed > 0).then_some(adv))
+}
+
+/// The memo index chunk `i` must start at: where chunk `i - 1` ended (the window's memo
+/// length for the first).
+fn expected_base(chunks: &[decode::Chunk<'_>], i: usize, vm_memo: u32) -> u32 {
+    match i.checked_sub(1) {
+        None => vm_memo,
+        Some(p) => {
+            let prev = &chunks[p];
+            let memoized = prev.marks.last().map_or(0, |m| m.counts.memoize);
+            prev.base + memoized as u32
+        }
+    }
+}
+
+/// Chunk boundaries in `bytes`: 0, then frame starts about [`CHUNK_BYTES`] apart, then the end
+/// of the last frame that lies wholly in the window. `frame_rel` is where the current frame
+/// ends. Also says whether the chain of frames ran to the end of the window (rather than to
+/// bytes outside any frame).
+fn chunk_bounds(bytes: &[u8], frame_rel: u64) -> (Vec<usize>, bool) {
+    let len = bytes.len();
+    let mut bounds = vec![0];
+    let Ok(mut rel) = usize::try_from(frame_rel) else { return (bounds, false) };
+    if rel > len {
+        return (bounds, false);
+    }
+    let mut last = 0;
+    let to_end = loop {
+        let Some(head) = bytes.get(rel..rel + 9) else { break true };
+        if head[0] != scan::FRAME {
+            break false;
+        }
+        let n = u64::from_le_bytes(head[1..9].try_into().expect("8 bytes"));
+        let Some(next) = usize::try_from(n).ok().and_then(|n| (rel + 9).checked_add(n)) else { break true };
+        if next > len {
+            break true;
+        }
+        if rel - last >= CHUNK_BYTES {
+            bounds.push(rel);
+            last = rel;
+        }
+        rel = next;
+    };
+    if rel > last {
+        bounds.push(rel);
+    }
+    (bounds, to_end)
+}
+
+/// What the walk over one chunk found.
+#[derive(Clone, Copy, Debug)]
+struct ChunkScan {
+    /// The first batch start in the chunk, with the counts from the chunk's start to it.
+    sync: Option<(usize, Counts)>,
+    /// Counts over the whole chunk.
+    total: Counts,
+}
+
+/// Walk the opcodes of `data[from..to]`; `None` when an opcode there has no known length or
+/// crosses `to`.
+fn scan_chunk(data: &[u8], from: usize, to: usize, view: StoreView<'_, '_>) -> Option<ChunkScan> {
+    let mut c = Counts::default();
+    let mut pos = from;
+    let mut sync = None;
+    // The chunk's start is a candidate (the previous chunk may end with APPENDS), but only for
+    // a batch that opens with MARK: without knowing the opcode before, a lone entry there may
+    // be the middle of a batch. After it, the position just after an APPENDS or APPEND (a
+    // FRAME header may follow) is a candidate for either form.
+    let mut candidate = true;
+    let mut after_appends = false;
+    while pos < to {
+        if candidate && sync.is_none() && batch_starts(data, pos, view, after_appends) {
+            sync = Some((pos, c));
+        }
+        let op = data[pos];
+        let n = scan::op_len(data, pos)?;
+        if pos + n > to {
+            return None;
+        }
+        c.count(op);
+        pos += n;
+        if op != scan::FRAME {
+            candidate = op == scan::APPENDS || op == scan::APPEND;
+            after_appends = candidate;
+        }
+    }
+    Some(ChunkScan { sync, total: c })
+}
+
+/// Whether a batch of trace entries starts at `pos`: `MARK EMPTY_DICT MEMOIZE MARK` and a
+/// fetch of the key `'action'` (without the first MARK too when `bare`: a batch of one entry),
+/// `FRAME` headers allowed in between.
+fn batch_starts(data: &[u8], pos: usize, view: StoreView<'_, '_>, bare: bool) -> bool {
+    fn next(data: &[u8], p: &mut usize) -> Option<u8> {
+        while *data.get(*p)? == scan::FRAME {
+            *p += 9;
+        }
+        let op = *data.get(*p)?;
+        *p += 1;
+        Some(op)
+    }
+    let mut p = pos;
+    let mut op = next(data, &mut p);
+    if op == Some(scan::MARK) {
+        op = next(data, &mut p);
+    } else if !bare {
+        return false;
+    }
+    if op != Some(scan::EMPTY_DICT)
+        || next(data, &mut p) != Some(scan::MEMOIZE)
+        || next(data, &mut p) != Some(scan::MARK)
+    {
+        return false;
+    }
+    let get = next(data, &mut p);
+    let idx = match get {
+        Some(scan::BINGET) => data.get(p).map(|&b| b as usize),
+        Some(scan::LONG_BINGET) => data.get(p..p + 4).map(|b| u32::from_le_bytes(b.try_into().expect("4")) as usize),
+        _ => None,
+    };
+    matches!(idx.and_then(|i| view.memo_get(i)), Some(MemoRef::Value(Value::Str(s))) if view.heap.str(s) == "action")
+}

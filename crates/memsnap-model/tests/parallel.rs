@@ -1,0 +1,110 @@
+//! The parallel trace reader against the sequential one (the reference): the same model, or
+//! the same error, for every bundled snapshot and hostile file, on 1, 2 and 4 threads, from
+//! memory and streamed; and on enough files that it really read in parallel.
+
+use std::path::{Path, PathBuf};
+
+use memsnap_model::{read_snapshot_from, read_snapshot_with, ReadOptions, Snapshot};
+
+/// Every fixture pickle, decompressed, with its name.
+fn fixtures() -> Vec<(String, Vec<u8>)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures");
+    let mut dirs: Vec<PathBuf> =
+        ["dev", "extra", "extra2", "extra3", "variants", "multi", "hostile"].iter().map(|d| root.join(d)).collect();
+    let shared = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/snapshots");
+    if let Ok(entries) = std::fs::read_dir(&shared) {
+        dirs.extend(entries.flatten().map(|e| e.path()).filter(|p| p.is_dir()));
+    }
+    let mut out = Vec::new();
+    for dir in dirs {
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        let mut paths: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+        paths.sort();
+        for path in paths {
+            let name = path.to_string_lossy().into_owned();
+            let data = if name.ends_with(".xz") {
+                let mut v = Vec::new();
+                let file = std::fs::File::open(&path).unwrap();
+                if std::io::Read::read_to_end(&mut xz2::read::XzDecoder::new(file), &mut v).is_err() {
+                    continue;
+                }
+                v
+            } else if name.ends_with(".pickle") || name.ends_with(".pkl") {
+                std::fs::read(&path).unwrap()
+            } else {
+                continue;
+            };
+            out.push((name, data));
+        }
+    }
+    out
+}
+
+fn read(data: &[u8], sequential: bool) -> Result<Snapshot, String> {
+    read_snapshot_with(data, ReadOptions { sequential, ..Default::default() }).map_err(|e| e.to_string())
+}
+
+/// Reads in pieces of odd sizes (so windows end anywhere).
+struct Pieces<'a> {
+    data: &'a [u8],
+    step: usize,
+}
+
+impl std::io::Read for Pieces<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.step = (self.step * 7919 + 13) % 300_007;
+        let n = buf.len().min(self.data.len()).min(self.step + 1);
+        buf[..n].copy_from_slice(&self.data[..n]);
+        self.data = &self.data[n..];
+        Ok(n)
+    }
+}
+
+/// Compared as text (a NaN read from a file is unequal to itself), with the reader's own
+/// bookkeeping set aside.
+fn same(what: &str, want: &Result<Snapshot, String>, got: Result<Snapshot, String>) -> u64 {
+    match (want, got) {
+        (Ok(a), Ok(mut b)) => {
+            let parallel = b.source.parallel_bytes;
+            b.source.peak_built_bytes = a.source.peak_built_bytes;
+            b.source.parallel_bytes = a.source.parallel_bytes;
+            assert!(format!("{a:?}") == format!("{b:?}"), "{what}: the parallel model differs from the sequential one");
+            parallel
+        }
+        (Err(a), Err(b)) => {
+            assert_eq!(a, &b, "{what}");
+            0
+        }
+        (a, b) => panic!("{what}: sequential {:?}, parallel {:?}", a.as_ref().err(), b.err()),
+    }
+}
+
+#[test]
+fn parallel_reads_every_fixture_as_the_sequential_reader_does() {
+    let files = fixtures();
+    assert!(files.len() >= 140, "expected the bundled fixtures, found {}", files.len());
+    let mut parallel_files = 0;
+    let mut parallel_bytes = 0;
+    for threads in [1, 2, 4] {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        pool.install(|| {
+            for (name, data) in &files {
+                let want = read(data, true);
+                if let Ok(s) = &want {
+                    assert_eq!(s.source.parallel_bytes, 0, "{name}: the sequential reader read in parallel");
+                }
+                let got = same(&format!("{name} ({threads} threads)"), &want, read(data, false));
+                let opts = ReadOptions { size_hint: data.len() as u64, ..Default::default() };
+                let streamed = read_snapshot_from(Pieces { data, step: 0 }, opts).map_err(|e| e.to_string());
+                same(&format!("{name} ({threads} threads, streamed)"), &want, streamed);
+                if threads == 1 && got > 0 {
+                    parallel_files += 1;
+                    parallel_bytes += got;
+                }
+            }
+        });
+    }
+    // The framed snapshots written by Python: most of the bundled ones. A reader that never
+    // took the parallel path would pass the comparisons above and test nothing.
+    assert!(parallel_files >= 60, "only {parallel_files} files were read in parallel ({parallel_bytes} bytes)");
+}
