@@ -234,6 +234,8 @@ struct Builder {
     interned_bytes: u64,
     /// Whether trace batches may be read in parallel ([`parallel`]).
     parallel: bool,
+    /// The parallel reader's chunk buffers, reused from window to window.
+    chunk_pool: Vec<parallel::Chunk>,
 }
 
 /// Why a value did not fit: (key, expected, found).

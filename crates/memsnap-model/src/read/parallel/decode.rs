@@ -17,7 +17,6 @@
 //! VM reads that batch itself. So the decoder never has to agree with the VM on an error, only
 //! on what valid batches make.
 
-use std::borrow::Cow;
 use std::hash::{Hash, Hasher};
 
 use memsnap_pickle::scan::{self, Counts};
@@ -159,32 +158,61 @@ pub(super) struct Mark {
     pub slots: usize,
     pub firsts: usize,
     pub unknown: usize,
+    pub stacks: usize,
     pub counts: Counts,
     pub frame_end: Option<usize>,
 }
 
-/// A decoded chunk.
+/// A decoded chunk. Its vectors are kept from one window to the next (cleared, not freed),
+/// so a large file does not fault in fresh pages for every window.
 #[derive(Default)]
-pub(super) struct Chunk<'d> {
+pub(in crate::read) struct Chunk {
     /// Memo index of the first `MEMOIZE` of the chunk.
-    pub base: u32,
-    pub start: usize,
-    pub events: Vec<RawEvent>,
-    pub slots: Vec<Slot>,
-    /// Strings read from the window, or copied from the VM's heap.
-    pub strs: Vec<Cow<'d, str>>,
-    pub frames: Vec<LocalFrame>,
-    pub stacks: Vec<Vec<FrameRef>>,
-    pub tuples: Vec<Vec<Raw>>,
-    pub firsts: Vec<First>,
-    pub unknown: Vec<Unknown>,
+    pub(super) base: u32,
+    pub(super) start: usize,
+    pub(super) events: Vec<RawEvent>,
+    pub(super) slots: Vec<Slot>,
+    /// Strings read from the window or the VM's heap (a few per chunk: the same ones recur).
+    pub(super) strs: Vec<String>,
+    pub(super) frames: Vec<LocalFrame>,
+    pub(super) stacks: Vec<Vec<FrameRef>>,
+    pub(super) tuples: Vec<Vec<Raw>>,
+    pub(super) firsts: Vec<First>,
+    pub(super) unknown: Vec<Unknown>,
     /// State after each whole batch, in order.
-    pub marks: Vec<Mark>,
+    pub(super) marks: Vec<Mark>,
     /// Whether the chunk ended exactly where the next one starts.
-    pub complete: bool,
+    pub(super) complete: bool,
     /// Whether the batch that ended it ran past the end of the window (so more input may
     /// continue it).
-    pub ran_out: bool,
+    pub(super) ran_out: bool,
+    // The decoder's lookup tables, kept with the chunk for reuse.
+    str_ids: FxHashMap<String, u32>,
+    stack_ids: FxHashMap<u64, Vec<u32>>,
+    /// Per string of the table: whether a [`First::Text`] was logged for it.
+    logged: Vec<bool>,
+    frames_buf: Vec<FrameRef>,
+}
+
+impl Chunk {
+    fn reset(&mut self, start: usize, base: u32) {
+        self.base = base;
+        self.start = start;
+        self.events.clear();
+        self.slots.clear();
+        self.strs.clear();
+        self.frames.clear();
+        self.stacks.clear();
+        self.tuples.clear();
+        self.firsts.clear();
+        self.unknown.clear();
+        self.marks.clear();
+        self.complete = false;
+        self.ran_out = false;
+        self.str_ids.clear();
+        self.stack_ids.clear();
+        self.logged.clear();
+    }
 }
 
 /// Everything a decoder reads besides its bytes.
@@ -202,21 +230,18 @@ struct Stop;
 type R<T> = Result<T, Stop>;
 
 /// Read the chunk that starts at `start` (a batch boundary) with memo base `base`, up to
-/// `stop` (the next chunk's start).
-pub(super) fn decode<'d>(w: Window<'d, '_, '_>, start: usize, stop: usize, base: u32) -> Chunk<'d> {
+/// `stop` (the next chunk's start), into `chunk`.
+pub(super) fn decode(w: Window<'_, '_, '_>, start: usize, stop: usize, base: u32, chunk: &mut Chunk) {
+    chunk.reset(start, base);
     let mut d = Decoder {
         w,
         pos: start,
         counts: Counts::default(),
         frame_end: None,
-        chunk: Chunk { base, start, ..Chunk::default() },
-        str_ids: FxHashMap::default(),
-        stack_ids: FxHashMap::default(),
-        logged: Vec::new(),
+        chunk,
         key_cache: [(u32::MAX, Key::Other); KEY_CACHE],
         text_cache: [(u32::MAX, 0); KEY_CACHE],
         last_literal: ("", u32::MAX),
-        frames_buf: Vec::new(),
         ran_out: false,
     };
     while d.pos < stop {
@@ -231,21 +256,16 @@ pub(super) fn decode<'d>(w: Window<'d, '_, '_>, start: usize, stop: usize, base:
         d.chunk.marks.push(m);
     }
     d.chunk.complete = d.pos == stop;
-    d.chunk
 }
 
 const KEY_CACHE: usize = 64;
 
-struct Decoder<'d, 's, 'a> {
+struct Decoder<'d, 's, 'a, 'c> {
     w: Window<'d, 's, 'a>,
     pos: usize,
     counts: Counts,
     frame_end: Option<usize>,
-    chunk: Chunk<'d>,
-    str_ids: FxHashMap<Cow<'d, str>, u32>,
-    stack_ids: FxHashMap<u64, Vec<u32>>,
-    /// Per string of the table: whether a [`First::Text`] was logged for it.
-    logged: Vec<bool>,
+    chunk: &'c mut Chunk,
     /// Memo index → key, for the VM's key strings (direct-mapped).
     key_cache: [(u32, Key); KEY_CACHE],
     /// Memo index → string table entry, for the VM's strings fetched as values (an action,
@@ -253,7 +273,6 @@ struct Decoder<'d, 's, 'a> {
     text_cache: [(u32, u32); KEY_CACHE],
     /// The last string read literally, and its entry (the `'N/A'` every entry writes anew).
     last_literal: (&'d str, u32),
-    frames_buf: Vec<FrameRef>,
     /// Whether a read went past the end of the window.
     ran_out: bool,
 }
@@ -265,7 +284,7 @@ enum Got {
     Earlier(u32),
 }
 
-impl<'d> Decoder<'d, '_, '_> {
+impl<'d> Decoder<'d, '_, '_, '_> {
     fn mark(&self) -> Mark {
         Mark {
             end: self.pos,
@@ -273,6 +292,7 @@ impl<'d> Decoder<'d, '_, '_> {
             slots: self.chunk.slots.len(),
             firsts: self.chunk.firsts.len(),
             unknown: self.chunk.unknown.len(),
+            stacks: self.chunk.stacks.len(),
             counts: self.counts,
             frame_end: self.frame_end,
         }
@@ -282,13 +302,19 @@ impl<'d> Decoder<'d, '_, '_> {
         self.pos = m.end;
         self.chunk.events.truncate(m.events);
         self.chunk.slots.truncate(m.slots);
-        // Strings, frames and stacks a failed batch added stay in the tables unreferenced;
-        // only what the log and the events point at is ever given an id.
+        // Strings and frames a failed batch added stay in the tables unreferenced (only what
+        // the log and the events point at is ever given an id); its new stacks go, since a
+        // stack is logged only when it is new.
         for f in &self.chunk.firsts[m.firsts..] {
             if let First::Text(Text::Local(s)) = f {
-                self.logged[*s as usize] = false;
+                self.chunk.logged[*s as usize] = false;
             }
         }
+        self.chunk.stacks.truncate(m.stacks);
+        self.chunk.stack_ids.retain(|_, ids| {
+            ids.retain(|&id| (id as usize) < m.stacks);
+            !ids.is_empty()
+        });
         self.chunk.firsts.truncate(m.firsts);
         self.chunk.unknown.truncate(m.unknown);
         self.counts = m.counts;
@@ -379,7 +405,12 @@ impl<'d> Decoder<'d, '_, '_> {
     /// A `MEMOIZE` if one follows: stores `slot`.
     #[inline]
     fn maybe_memoize(&mut self, slot: Slot) {
-        if self.peek() == Some(scan::MEMOIZE) {
+        if self.w.data.get(self.pos) == Some(&scan::MEMOIZE) {
+            self.pos += 1;
+            self.counts.opcodes += 1;
+            self.counts.memoize += 1;
+            self.chunk.slots.push(slot);
+        } else if self.w.data.get(self.pos) == Some(&scan::FRAME) && self.peek() == Some(scan::MEMOIZE) {
             let _ = self.op();
             self.chunk.slots.push(slot);
         }
@@ -419,7 +450,7 @@ impl<'d> Decoder<'d, '_, '_> {
         if self.last_literal.1 != u32::MAX && self.last_literal.0 == s {
             return self.last_literal.1;
         }
-        let id = self.intern_cow(Cow::Borrowed(s));
+        let id = self.intern_copy(s);
         self.last_literal = (s, id);
         id
     }
@@ -437,22 +468,15 @@ impl<'d> Decoder<'d, '_, '_> {
         id
     }
 
-    /// A string of the VM's heap in the chunk's table (copied: the heap grows at the merge).
+    /// A string in the chunk's table (copied: the window and the heap do not outlive it).
     fn intern_copy(&mut self, s: &str) -> u32 {
-        match self.str_ids.get(s) {
-            Some(&id) => id,
-            None => self.intern_cow(Cow::Owned(s.to_string())),
-        }
-    }
-
-    fn intern_cow(&mut self, s: Cow<'d, str>) -> u32 {
-        if let Some(&id) = self.str_ids.get(&*s) {
+        if let Some(&id) = self.chunk.str_ids.get(s) {
             return id;
         }
         let id = self.chunk.strs.len() as u32;
-        self.chunk.strs.push(s.clone());
-        self.logged.push(false);
-        self.str_ids.insert(s, id);
+        self.chunk.strs.push(s.to_string());
+        self.chunk.logged.push(false);
+        self.chunk.str_ids.insert(s.to_string(), id);
         id
     }
 
@@ -461,8 +485,8 @@ impl<'d> Decoder<'d, '_, '_> {
         match t {
             Text::Empty => {}
             Text::Local(s) => {
-                if !self.logged[s as usize] {
-                    self.logged[s as usize] = true;
+                if !self.chunk.logged[s as usize] {
+                    self.chunk.logged[s as usize] = true;
                     self.chunk.firsts.push(First::Text(t));
                 }
             }
@@ -470,11 +494,12 @@ impl<'d> Decoder<'d, '_, '_> {
         }
     }
 
+    /// The chunk's stack of `frames`, logged as a [`First`] when it is new.
     fn stack_of(&mut self, frames: &[FrameRef]) -> u32 {
         let mut h = FxHasher::default();
         frames.hash(&mut h);
         let key = h.finish();
-        if let Some(ids) = self.stack_ids.get(&key) {
+        if let Some(ids) = self.chunk.stack_ids.get(&key) {
             for &id in ids {
                 if self.chunk.stacks[id as usize] == frames {
                     return id;
@@ -483,7 +508,8 @@ impl<'d> Decoder<'d, '_, '_> {
         }
         let id = self.chunk.stacks.len() as u32;
         self.chunk.stacks.push(frames.to_vec());
-        self.stack_ids.entry(key).or_default().push(id);
+        self.chunk.stack_ids.entry(key).or_default().push(id);
+        self.chunk.firsts.push(First::Stack(id));
         id
     }
 
@@ -510,9 +536,15 @@ impl<'d> Decoder<'d, '_, '_> {
         }
     }
 
-    /// A string for a key or a value: literal or fetched.
+    /// A dict key: literal or fetched.
     fn key(&mut self) -> R<Key> {
         let op = self.op()?;
+        self.key_from(op)
+    }
+
+    /// A dict key whose first opcode `op` was taken.
+    #[inline(always)]
+    fn key_from(&mut self, op: u8) -> R<Key> {
         match op {
             scan::BINGET | scan::LONG_BINGET => {
                 let g = self.get_arg(op)?;
@@ -738,12 +770,12 @@ impl<'d> Decoder<'d, '_, '_> {
         let mut action_seen = false;
         let mut frames_seen = false;
         loop {
-            if self.peek() == Some(scan::SETITEMS) {
-                let _ = self.op();
+            let key_start = self.pos;
+            let op = self.op()?;
+            if op == scan::SETITEMS {
                 break;
             }
-            let key_start = self.pos;
-            match self.key()? {
+            match self.key_from(op)? {
                 Key::Action => {
                     ev.action = self.action()?;
                     action_seen = true;
@@ -831,7 +863,7 @@ impl<'d> Decoder<'d, '_, '_> {
             scan::EMPTY_LIST => {
                 let slot = self.chunk.slots.len();
                 self.memoize(Slot::List(None))?;
-                let mut frames = std::mem::take(&mut self.frames_buf);
+                let mut frames = std::mem::take(&mut self.chunk.frames_buf);
                 frames.clear();
                 let r = self.frame_list(&mut frames);
                 let stack = match r {
@@ -839,12 +871,11 @@ impl<'d> Decoder<'d, '_, '_> {
                     Ok(()) => {
                         let id = self.stack_of(&frames);
                         self.chunk.slots[slot] = Slot::List(Some(id));
-                        self.chunk.firsts.push(First::Stack(id));
                         Ok(StackRef::Local(id))
                     }
                     Err(e) => Err(e),
                 };
-                self.frames_buf = frames;
+                self.chunk.frames_buf = frames;
                 stack
             }
             _ => Err(Stop),

@@ -23,7 +23,7 @@ pub(super) struct Merged {
 
 /// Merge `chunk` (whose events become records after those already in the builder;
 /// `first_record` is where this window's records began).
-pub(super) fn merge(b: &mut Builder, store: &mut Store<'_, '_>, chunk: &Chunk<'_>) -> Result<Merged, ErrorKind> {
+pub(super) fn merge(b: &mut Builder, store: &mut Store<'_, '_>, chunk: &Chunk) -> Result<Merged, ErrorKind> {
     let taken: usize = {
         let view = store.view();
         let mut from = Mark::default();
@@ -71,7 +71,7 @@ struct Maps {
 }
 
 impl Maps {
-    fn new(chunk: &Chunk<'_>) -> Maps {
+    fn new(chunk: &Chunk) -> Maps {
         Maps {
             strs: vec![UNMAPPED; chunk.strs.len()],
             frames: vec![UNMAPPED; chunk.frames.len()],
@@ -84,10 +84,10 @@ impl Maps {
 // --- checks: does every reference of a batch resolve as the decoder assumed?
 
 /// The batch between marks `from` and `to`.
-fn batch_resolves(b: &mut Builder, view: StoreView<'_, '_>, chunk: &Chunk<'_>, from: &Mark, to: &Mark) -> bool {
+fn batch_resolves(b: &mut Builder, view: StoreView<'_, '_>, chunk: &Chunk, from: &Mark, to: &Mark) -> bool {
     let events = &chunk.events[from.events..to.events];
     let firsts = &chunk.firsts[from.firsts..to.firsts];
-    events.iter().all(|e| stack_resolves(b, view, chunk, e.stack) && action_resolves(view, e.action))
+    events.iter().all(|e| stack_resolves(view, e.stack) && action_resolves(view, e.action))
         && firsts.iter().all(|f| match *f {
             First::Text(t) => text_resolves(view, t),
             First::Stack(s) => chunk.stacks[s as usize].iter().all(|f| frame_resolves(b, view, chunk, *f)),
@@ -109,7 +109,7 @@ fn action_resolves(view: StoreView<'_, '_>, a: ActionRef) -> bool {
     }
 }
 
-fn stack_resolves(b: &mut Builder, view: StoreView<'_, '_>, chunk: &Chunk<'_>, s: StackRef) -> bool {
+fn stack_resolves(view: StoreView<'_, '_>, s: StackRef) -> bool {
     match s {
         StackRef::Slot(g) => match view.memo_get(g as usize) {
             Some(MemoRef::LazyList(_)) => true,
@@ -118,12 +118,12 @@ fn stack_resolves(b: &mut Builder, view: StoreView<'_, '_>, chunk: &Chunk<'_>, s
             }
             _ => false,
         },
-        StackRef::Local(id) => chunk.stacks[id as usize].iter().all(|f| frame_resolves(b, view, chunk, *f)),
+        // A chunk's own stacks are checked where they are logged (`First::Stack`).
         _ => true,
     }
 }
 
-fn frame_resolves(b: &mut Builder, view: StoreView<'_, '_>, chunk: &Chunk<'_>, f: FrameRef) -> bool {
+fn frame_resolves(b: &mut Builder, view: StoreView<'_, '_>, chunk: &Chunk, f: FrameRef) -> bool {
     match f {
         FrameRef::Local(lf) => chunk.frames[lf as usize].fields.iter().all(|field| match field {
             FrameField::Filename(t) | FrameField::Name(t) => text_resolves(view, *t),
@@ -162,7 +162,7 @@ fn heap_list_resolves(b: &mut Builder, view: StoreView<'_, '_>, id: u32) -> bool
 
 // --- interning, in the sequential reader's order
 
-fn replay(b: &mut Builder, store: &mut Store<'_, '_>, chunk: &Chunk<'_>, m: &mut Maps, first: First) {
+fn replay(b: &mut Builder, store: &mut Store<'_, '_>, chunk: &Chunk, m: &mut Maps, first: First) {
     match first {
         First::Text(t) => {
             text_id(b, store.view(), chunk, m, t);
@@ -191,7 +191,7 @@ fn replay(b: &mut Builder, store: &mut Store<'_, '_>, chunk: &Chunk<'_>, m: &mut
     }
 }
 
-fn text_id(b: &mut Builder, view: StoreView<'_, '_>, chunk: &Chunk<'_>, m: &mut Maps, t: Text) -> StrId {
+fn text_id(b: &mut Builder, view: StoreView<'_, '_>, chunk: &Chunk, m: &mut Maps, t: Text) -> StrId {
     match t {
         Text::Empty => StrId::EMPTY,
         Text::Local(s) => {
@@ -215,7 +215,7 @@ fn memo_value(view: StoreView<'_, '_>, g: u32) -> Option<Value> {
     }
 }
 
-fn frame_id(b: &mut Builder, view: StoreView<'_, '_>, chunk: &Chunk<'_>, m: &mut Maps, f: FrameRef) -> FrameId {
+fn frame_id(b: &mut Builder, view: StoreView<'_, '_>, chunk: &Chunk, m: &mut Maps, f: FrameRef) -> FrameId {
     match f {
         FrameRef::Local(lf) => {
             if m.frames[lf as usize] == UNMAPPED {
@@ -241,13 +241,7 @@ fn frame_id(b: &mut Builder, view: StoreView<'_, '_>, chunk: &Chunk<'_>, m: &mut
 
 // --- events and memo entries
 
-fn event(
-    b: &mut Builder,
-    view: StoreView<'_, '_>,
-    chunk: &Chunk<'_>,
-    m: &Maps,
-    e: &super::decode::RawEvent,
-) -> TraceEvent {
+fn event(b: &mut Builder, view: StoreView<'_, '_>, chunk: &Chunk, m: &Maps, e: &super::decode::RawEvent) -> TraceEvent {
     let stack = match e.stack {
         StackRef::Empty => StackId::EMPTY,
         StackRef::Known(s) => s,
@@ -313,7 +307,7 @@ fn event(
 fn push_slots(
     b: &mut Builder,
     store: &mut Store<'_, '_>,
-    chunk: &Chunk<'_>,
+    chunk: &Chunk,
     m: &mut Maps,
     slots: &[Slot],
     record0: u32,
@@ -354,7 +348,7 @@ fn push_slots(
     Ok(())
 }
 
-fn heap_str(store: &mut Store<'_, '_>, chunk: &Chunk<'_>, m: &mut Maps, s: u32) -> Value {
+fn heap_str(store: &mut Store<'_, '_>, chunk: &Chunk, m: &mut Maps, s: u32) -> Value {
     if m.heap_strs[s as usize] == UNMAPPED {
         let Value::Str(id) = store.add_str(chunk.strs[s as usize].to_string()) else { unreachable!() };
         m.heap_strs[s as usize] = id;
@@ -362,7 +356,7 @@ fn heap_str(store: &mut Store<'_, '_>, chunk: &Chunk<'_>, m: &mut Maps, s: u32) 
     Value::Str(m.heap_strs[s as usize])
 }
 
-fn raw_value(store: &mut Store<'_, '_>, chunk: &Chunk<'_>, m: &mut Maps, r: Raw) -> Value {
+fn raw_value(store: &mut Store<'_, '_>, chunk: &Chunk, m: &mut Maps, r: Raw) -> Value {
     match r {
         Raw::None => Value::None,
         Raw::Bool(v) => Value::Bool(v),

@@ -28,6 +28,7 @@ use memsnap_pickle::{Advanced, Ahead, MemoRef, PickleError, StoreView, Value};
 use rayon::prelude::*;
 
 use super::Builder;
+pub(in crate::read) use decode::Chunk;
 use decode::Window;
 
 /// Bytes per chunk: a chunk is the unit of work of one thread. Small enough that a 32 MiB
@@ -79,19 +80,18 @@ pub(super) fn fast_forward(b: &mut Builder, ahead: Ahead<'_, '_>) -> Result<Opti
 
     // Phase 2, parallel: decode each chunk from its start to the next one's.
     let window = Window { data: bytes, store: view, vm_memo: vm_memo as u32 };
-    let chunks: Vec<decode::Chunk<'_>> = (0..starts.len())
-        .into_par_iter()
-        .map(|i| {
-            let stop = starts.get(i + 1).map_or(last_stop, |s| s.0);
-            decode::decode(window, starts[i].0, stop, starts[i].1)
-        })
-        .collect();
+    let mut chunks = std::mem::take(&mut b.chunk_pool);
+    chunks.resize_with(starts.len().max(chunks.len()), decode::Chunk::default);
+    chunks[..starts.len()].par_iter_mut().enumerate().for_each(|(i, chunk)| {
+        let stop = starts.get(i + 1).map_or(last_stop, |s| s.0);
+        decode::decode(window, starts[i].0, stop, starts[i].1, chunk);
+    });
 
     // Phase 3, in order: merge.
     let first_record = b.events.len() as u32;
     let mut adv = Advanced { first_record, ..Advanced::default() };
     let mut window_end = scanned_to_end && chain_to_end;
-    for (i, chunk) in chunks.iter().enumerate() {
+    for (i, chunk) in chunks[..starts.len()].iter().enumerate() {
         let expected_base = expected_base(&chunks, i, vm_memo as u32);
         if chunk.base != expected_base {
             window_end = false;
@@ -113,7 +113,7 @@ pub(super) fn fast_forward(b: &mut Builder, ahead: Ahead<'_, '_>) -> Result<Opti
         if let Some(fe) = mark.frame_end {
             adv.frame_end = Some(offset + fe as u64);
         }
-        let last_chunk = i + 1 == chunks.len();
+        let last_chunk = i + 1 == starts.len();
         if !merged.whole || !(chunk.complete || last_chunk) {
             window_end = false;
             break;
@@ -123,13 +123,14 @@ pub(super) fn fast_forward(b: &mut Builder, ahead: Ahead<'_, '_>) -> Result<Opti
         }
     }
     adv.records = b.events.len() as u32 - first_record;
+    b.chunk_pool = chunks;
     adv.window_end = window_end;
     Ok((adv.consumed > 0).then_some(adv))
 }
 
 /// The memo index chunk `i` must start at: where chunk `i - 1` ended (the window's memo
 /// length for the first).
-fn expected_base(chunks: &[decode::Chunk<'_>], i: usize, vm_memo: u32) -> u32 {
+fn expected_base(chunks: &[decode::Chunk], i: usize, vm_memo: u32) -> u32 {
     match i.checked_sub(1) {
         None => vm_memo,
         Some(p) => {
