@@ -35,8 +35,24 @@ pub fn load(path: &Path) -> Result<Loaded, LoadError> {
     load_capped(path, None)
 }
 
+/// [`load`], for what `summary` prints: a regular file is read without keeping its trace
+/// events (each trace keeps its counts, `DeviceTrace::summary`), in a fraction of the memory.
+/// A file whose trace lists share entries is read again with them; a pipe, which cannot be
+/// read twice, is read with them from the start.
+pub fn load_summary(path: &Path) -> Result<Loaded, LoadError> {
+    match read(path, None, false) {
+        Err(LoadError::Read { source: memsnap_model::ReadError::NeedsEvents { .. }, .. }) => load(path),
+        other => other,
+    }
+}
+
 /// [`load`], failing with [`LoadError::OverCap`] once the pickle exceeds `cap` bytes.
 pub fn load_capped(path: &Path, cap: Option<u64>) -> Result<Loaded, LoadError> {
+    read(path, cap, true)
+}
+
+/// Read `path`; `events`: keep every trace event (else only counts, for a regular file).
+fn read(path: &Path, cap: Option<u64>, events: bool) -> Result<Loaded, LoadError> {
     let shown = path.display().to_string();
     let io_error = |source| LoadError::Io { path: shown.clone(), source };
     let mut opened = open_input(path, cap).map_err(io_error)?;
@@ -53,6 +69,7 @@ pub fn load_capped(path: &Path, cap: Option<u64>) -> Result<Loaded, LoadError> {
         stored_bytes: Some(opened.stored.clone()),
         progress: Some(&mut report),
         progress_every: 4 << 20,
+        events: events || opened.regular_len.is_none(),
         ..ReadOptions::default()
     };
     let snapshot = memsnap_model::read_snapshot_from(&mut opened.reader, opts)

@@ -9,7 +9,7 @@ use memsnap_model::{printable, shown, DeviceTotals, Snapshot, TraceFacts};
 use serde_json::{json, Value};
 
 use crate::cmd::{emit, shown_path};
-use crate::load::{load, Loaded};
+use crate::load::{load_summary, Loaded};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -21,7 +21,7 @@ pub struct Args {
 }
 
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
-    let loaded = load(&args.file)?;
+    let loaded = load_summary(&args.file)?;
     if args.json {
         write_summary_json(&mut std::io::BufWriter::new(std::io::stdout().lock()), &loaded)?;
     } else {
@@ -33,7 +33,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
 /// Caveats about what the file lacks, as short sentences.
 pub fn lacks(snap: &Snapshot) -> Vec<String> {
     let mut out = Vec::new();
-    let events: u64 = snap.traces.iter().map(|t| t.events.len() as u64).sum();
+    let events: u64 = snap.traces.iter().map(|t| t.entries()).sum();
     if !snap.source.has_trace_key || events == 0 {
         out.push("no trace: history was not recorded (_record_memory_history) or is empty; only the dump-time state is known".into());
     } else {
@@ -84,21 +84,16 @@ pub fn lacks(snap: &Snapshot) -> Vec<String> {
 /// Blocks allocated at dump time that have no `alloc` event in their device's trace: they
 /// predate the trace. Returns (blocks, bytes).
 pub fn pre_trace_blocks(snap: &Snapshot) -> (u64, u64) {
-    use memsnap_model::{Action, BlockState};
-    use std::collections::HashSet;
+    use memsnap_model::BlockState;
     let mut blocks = 0;
     let mut bytes = 0;
     // Allocation addresses per device, built once (a file may list many devices).
-    let allocs: std::collections::HashMap<u32, HashSet<u64>> = snap
-        .traces
-        .iter()
-        .filter(|tr| !tr.events.is_empty())
-        .map(|tr| (tr.device, tr.events.iter().filter(|e| e.action == Action::Alloc).map(|e| e.addr).collect()))
-        .collect();
+    let allocs: std::collections::HashMap<u32, Vec<u64>> =
+        snap.traces.iter().filter(|tr| tr.entries() > 0).map(|tr| (tr.device, tr.alloc_addresses())).collect();
     for seg in &snap.segments {
         let Some(seen) = allocs.get(&seg.device) else { continue };
         for b in &seg.blocks {
-            if b.state == BlockState::Allocated && !seen.contains(&b.address) {
+            if b.state == BlockState::Allocated && seen.binary_search(&b.address).is_err() {
                 blocks += 1;
                 bytes += b.size;
             }

@@ -138,33 +138,106 @@ impl Snapshot {
             }
         }
         for t in by.values_mut() {
-            t.trace_entries = self.trace(t.device).map_or(0, |tr| tr.events.len() as u64);
+            t.trace_entries = self.trace(t.device).map_or(0, |tr| tr.entries());
         }
         by.into_values().collect()
     }
 
     /// Trace facts per device trace present in the file.
+    /// Per device trace: its entry count, time range, action counts. Computed from the events,
+    /// or taken from what a summary read counted ([`DeviceTrace::summary`]).
     pub fn trace_facts(&self) -> Vec<TraceFacts> {
         self.traces
             .iter()
-            .map(|tr| {
-                let mut f = TraceFacts { device: tr.device, entries: tr.events.len() as u64, ..Default::default() };
-                let mut counts = [0u64; 10];
-                for e in &tr.events {
-                    counts[action_index(e.action)] += 1;
-                    if e.has_time() {
-                        f.first_time_us = Some(f.first_time_us.map_or(e.time_us, |t: i64| t.min(e.time_us)));
-                        f.last_time_us = Some(f.last_time_us.map_or(e.time_us, |t: i64| t.max(e.time_us)));
-                    } else {
-                        f.events_without_time += 1;
-                    }
+            .map(|tr| match &tr.summary {
+                Some(s) => s.facts.clone(),
+                None => {
+                    let mut t = TraceTally::default();
+                    tr.events.iter().for_each(|e| t.add(e));
+                    t.facts(tr.device)
                 }
-                f.first_action = tr.events.first().map(|e| e.action);
-                f.last_action = tr.events.last().map(|e| e.action);
-                f.actions = ALL_ACTIONS.iter().map(|&a| (a, counts[action_index(a)])).filter(|(_, c)| *c > 0).collect();
-                f
             })
             .collect()
+    }
+}
+
+/// What [`TraceFacts`] and the allocation addresses need of a trace, added up event by event:
+/// what a summary read keeps instead of the events (a few hundred bytes against 48 per event).
+#[derive(Clone, Debug, Default)]
+pub struct TraceTally {
+    entries: u64,
+    min_time_us: Option<i64>,
+    max_time_us: Option<i64>,
+    first_action: Option<Action>,
+    last_action: Option<Action>,
+    counts: [u64; ALL_ACTIONS.len()],
+    events_without_time: u64,
+    /// Addresses of `alloc` events (distinct: the caching allocator hands the same addresses
+    /// out again and again, so there are far fewer than events).
+    alloc_addresses: rustc_hash::FxHashSet<u64>,
+}
+
+impl TraceTally {
+    #[inline]
+    pub fn add(&mut self, e: &TraceEvent) {
+        self.entries += 1;
+        self.counts[action_index(e.action)] += 1;
+        if e.has_time() {
+            self.min_time_us = Some(self.min_time_us.map_or(e.time_us, |t| t.min(e.time_us)));
+            self.max_time_us = Some(self.max_time_us.map_or(e.time_us, |t| t.max(e.time_us)));
+        } else {
+            self.events_without_time += 1;
+        }
+        self.first_action.get_or_insert(e.action);
+        self.last_action = Some(e.action);
+        if e.action == Action::Alloc {
+            self.alloc_addresses.insert(e.addr);
+        }
+    }
+
+    /// Approximate bytes held (for a reader's object budget).
+    pub fn retained_bytes(&self) -> u64 {
+        200 + self.alloc_addresses.capacity() as u64 * 9
+    }
+
+    pub fn facts(&self, device: u32) -> TraceFacts {
+        TraceFacts {
+            device,
+            entries: self.entries,
+            first_time_us: self.min_time_us,
+            last_time_us: self.max_time_us,
+            first_action: self.first_action,
+            last_action: self.last_action,
+            actions: ALL_ACTIONS.iter().map(|&a| (a, self.counts[action_index(a)])).filter(|(_, c)| *c > 0).collect(),
+            events_without_time: self.events_without_time,
+        }
+    }
+
+    pub fn summary(&self, device: u32) -> TraceSummary {
+        let mut alloc_addresses: Vec<u64> = self.alloc_addresses.iter().copied().collect();
+        alloc_addresses.sort_unstable();
+        TraceSummary { facts: self.facts(device), alloc_addresses }
+    }
+}
+
+impl DeviceTrace {
+    /// Number of entries (also when a summary read kept only their counts).
+    pub fn entries(&self) -> u64 {
+        self.summary.as_ref().map_or(self.events.len() as u64, |s| s.facts.entries)
+    }
+
+    /// Distinct addresses of `alloc` events, ascending.
+    pub fn alloc_addresses(&self) -> Vec<u64> {
+        match &self.summary {
+            Some(s) => s.alloc_addresses.clone(),
+            None => {
+                let mut a: Vec<u64> =
+                    self.events.iter().filter(|e| e.action == Action::Alloc).map(|e| e.addr).collect();
+                a.sort_unstable();
+                a.dedup();
+                a
+            }
+        }
     }
 }
 

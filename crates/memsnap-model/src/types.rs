@@ -185,7 +185,20 @@ impl TraceEvent {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct DeviceTrace {
     pub device: u32,
+    /// Every entry, in order; empty after a summary read (`ReadOptions::events` false), which
+    /// keeps only [`DeviceTrace::summary`].
     pub events: Vec<TraceEvent>,
+    /// What a summary read counted instead of keeping the events.
+    pub summary: Option<TraceSummary>,
+}
+
+/// A trace as a summary read keeps it: its facts and the distinct addresses of its `alloc`
+/// events (what tells blocks allocated before the trace began).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TraceSummary {
+    pub facts: crate::TraceFacts,
+    /// Ascending.
+    pub alloc_addresses: Vec<u64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -296,7 +309,7 @@ impl Snapshot {
     /// Sorted list of device indices that have segments or trace events.
     pub fn device_ids(&self) -> Vec<u32> {
         let mut ids: Vec<u32> = self.segments.iter().map(|s| s.device).collect();
-        ids.extend(self.traces.iter().filter(|t| !t.events.is_empty()).map(|t| t.device));
+        ids.extend(self.traces.iter().filter(|t| t.entries() > 0).map(|t| t.device));
         ids.sort_unstable();
         ids.dedup();
         ids

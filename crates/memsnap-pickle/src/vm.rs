@@ -23,7 +23,8 @@ use crate::value::{Heap, ListStore, Value, DICT_SHARED, DICT_UNMEMOIZED};
 /// [`ListStore::Frozen`] from then on; appending to it later is an error. Real snapshots build
 /// a fresh `frames` list per event, so this is what keeps millions of them from costing memory.
 pub trait Compactor {
-    fn compact(&mut self, heap: &Heap<'_>, dict: u32, freeze: &mut Vec<(u32, u32)>) -> Option<u32>;
+    /// `list` is the heap list the dict is appended to.
+    fn compact(&mut self, heap: &Heap<'_>, dict: u32, list: u32, freeze: &mut Vec<(u32, u32)>) -> Option<u32>;
 
     /// Approximate bytes the compactor holds for the records it made; counted in the object
     /// budget with the heap.
@@ -200,7 +201,7 @@ pub struct Advanced {
 pub struct NoCompaction;
 
 impl Compactor for NoCompaction {
-    fn compact(&mut self, _heap: &Heap<'_>, _dict: u32, _freeze: &mut Vec<(u32, u32)>) -> Option<u32> {
+    fn compact(&mut self, _heap: &Heap<'_>, _dict: u32, _list: u32, _freeze: &mut Vec<(u32, u32)>) -> Option<u32> {
         None
     }
 }
@@ -630,7 +631,7 @@ impl<'a, S: Source<'a>> Vm<'a, '_, S> {
                 let memo = self.heap.dict_memo[d as usize];
                 if memo != DICT_SHARED {
                     self.freeze.clear();
-                    if let Some(rec) = compactor.compact(&self.heap, d, &mut self.freeze) {
+                    if let Some(rec) = compactor.compact(&self.heap, d, id, &mut self.freeze) {
                         for &(list, token) in &self.freeze {
                             if let Some(l) = self.heap.lists.get_mut(list as usize) {
                                 self.built -= (l.len() as u64 * SLOT).min(self.built);

@@ -47,7 +47,7 @@ fn segment(address: u64, total_size: u64, is_expandable: bool, blocks: Vec<Block
 fn run(segments: Vec<Segment>, events: Vec<TraceEvent>, settings: AllocatorSettings) -> DeviceReplay {
     let snapshot = Snapshot {
         segments,
-        traces: vec![DeviceTrace { device: 0, events }],
+        traces: vec![DeviceTrace { device: 0, events, summary: None }],
         settings,
         strings: vec![String::new()],
         stacks: vec![Stack::default()],
@@ -173,7 +173,7 @@ fn impossible_events_are_reported_not_fatal() {
                 block(s + MIB + 512, MIB - 512, BlockState::Inactive),
             ],
         )],
-        traces: vec![DeviceTrace { device: 0, events }],
+        traces: vec![DeviceTrace { device: 0, events, summary: None }],
         strings: vec![String::new()],
         stacks: vec![Stack::default()],
         ..Snapshot::default()

@@ -333,7 +333,7 @@ impl Model {
     fn snapshot(&self, events: Vec<TraceEvent>) -> Snapshot {
         Snapshot {
             segments: self.segments(),
-            traces: vec![DeviceTrace { device: 0, events }],
+            traces: vec![DeviceTrace { device: 0, events, summary: None }],
             settings: AllocatorSettings {
                 max_split_size: (self.max_split != u64::MAX).then_some(self.max_split),
                 expandable_segments: Some(self.expandable),

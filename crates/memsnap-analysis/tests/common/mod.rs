@@ -313,7 +313,7 @@ impl TraceBuilder {
         let events_with_frames = self.events.iter().filter(|e| e.stack != StackId::EMPTY).count() as u64;
         Snapshot {
             segments,
-            traces: vec![DeviceTrace { device: 0, events: self.events }],
+            traces: vec![DeviceTrace { device: 0, events: self.events, summary: None }],
             settings: AllocatorSettings {
                 alloc_conf: Some(String::new()),
                 max_split_size: None,

@@ -29,6 +29,10 @@ pub enum ReadError {
     /// `segments[3].blocks[17].size`.
     #[error("{path}: {message}")]
     Shape { path: String, message: String },
+    /// A summary read (`ReadOptions::events` false) met a trace list it cannot count without
+    /// the events (entries shared between lists, or mixed with other values).
+    #[error("{path}: trace entries shared between lists; read the file with its events")]
+    NeedsEvents { path: String },
 }
 
 fn shape(path: impl fmt::Display, message: impl Into<String>) -> ReadError {
@@ -53,6 +57,11 @@ pub struct ReadOptions<'p> {
     /// `read::parallel`): the reference the parallel reader is tested against. The output
     /// is the same.
     pub sequential: bool,
+    /// Keep every trace event (the default). `false` is a summary read: each trace keeps
+    /// only its counts ([`DeviceTrace::summary`]), which is all `summary` prints, in a
+    /// fraction of the memory. A file whose trace lists share entries cannot be counted that
+    /// way: it fails with [`ReadError::NeedsEvents`], to be read again with events.
+    pub events: bool,
 }
 
 impl Default for ReadOptions<'_> {
@@ -64,6 +73,7 @@ impl Default for ReadOptions<'_> {
             size_hint: 0,
             stored_bytes: None,
             sequential: false,
+            events: true,
         }
     }
 }
@@ -144,7 +154,7 @@ fn is_opcode(b: u8) -> bool {
 }
 
 fn read_source<'a, S: Source<'a>>(source: S, opts: ReadOptions<'_>) -> Result<Snapshot, ReadError> {
-    let mut b = Builder { parallel: !opts.sequential, ..Builder::default() };
+    let mut b = Builder { parallel: !opts.sequential, keep_events: opts.events, ..Builder::default() };
     // String 0 is always "" (see `StrId::EMPTY`).
     b.intern("");
     b.na_id = Some(StrId(b.intern("N/A")));
@@ -236,6 +246,12 @@ struct Builder {
     parallel: bool,
     /// The parallel reader's chunk buffers, reused from window to window.
     chunk_pool: Vec<parallel::Chunk>,
+    /// Whether events are kept (else only tallied per list: a summary read).
+    keep_events: bool,
+    /// Records handed out so far (`Value::Record` ids): events kept or tallied.
+    records: u32,
+    /// Per heap list, the tally of the events appended to it (a summary read).
+    tallies: HashMap<u32, crate::TraceTally>,
 }
 
 /// Why a value did not fit: (key, expected, found).
@@ -571,15 +587,26 @@ impl Builder {
         Ok(ev)
     }
 
-    fn commit_event(&mut self, heap: &Heap<'_>, ev: TraceEvent, unknown: &[u32]) -> u32 {
+    fn commit_event(&mut self, heap: &Heap<'_>, ev: TraceEvent, unknown: &[u32], list: u32) -> u32 {
         for &s in unknown {
             *self.unknown_keys.entry(format!("device_traces[][].{}", heap.str(s))).or_default() += 1;
         }
+        self.commit(ev, list)
+    }
+
+    /// Keep (or tally, for `list`) a converted event; returns its record id.
+    #[inline]
+    fn commit(&mut self, ev: TraceEvent, list: u32) -> u32 {
         if ev.stack != StackId::EMPTY {
             self.events_with_frames += 1;
         }
-        self.events.push(ev);
-        (self.events.len() - 1) as u32
+        if self.keep_events {
+            self.events.push(ev);
+        } else {
+            self.tallies.entry(list).or_default().add(&ev);
+        }
+        self.records += 1;
+        self.records - 1
     }
 
     fn finish(mut self, parsed: Parsed<'_>) -> Result<Snapshot, ReadError> {
@@ -633,7 +660,7 @@ impl Builder {
 }
 
 impl Compactor for Builder {
-    fn compact(&mut self, heap: &Heap<'_>, dict: u32, freeze: &mut Vec<(u32, u32)>) -> Option<u32> {
+    fn compact(&mut self, heap: &Heap<'_>, dict: u32, list: u32, freeze: &mut Vec<(u32, u32)>) -> Option<u32> {
         // Only trace entries: dicts with a string `action`. Everything else (frames, blocks,
         // segments) stays generic. Any type problem leaves the dict generic too, so the
         // converter reports it with its full key path.
@@ -648,7 +675,7 @@ impl Compactor for Builder {
                 self.stack_cache.remove(&l);
             }
         }
-        Some(self.commit_event(heap, ev, &unknown))
+        Some(self.commit_event(heap, ev, &unknown, list))
     }
 
     fn fast_forward(
@@ -664,6 +691,7 @@ impl Compactor for Builder {
     fn retained_bytes(&self) -> u64 {
         let per_frame = (std::mem::size_of::<Frame>() * 2 + 8) as u64;
         self.events.len() as u64 * std::mem::size_of::<TraceEvent>() as u64
+            + self.tallies.values().map(|t| t.retained_bytes()).sum::<u64>()
             + self.frames.len() as u64 * per_frame
             + self.interned_bytes
             + (self.stack_cache.len() + self.tuple_stack_cache.len() + self.frame_cache.len()) as u64 * 8
@@ -763,11 +791,22 @@ impl Converter<'_, '_, '_> {
         let n = self.seq(v, "device_traces")?;
         let mut built: Vec<Option<Vec<TraceEvent>>> = Vec::with_capacity(n.min(1024));
         let mut runs: Vec<(usize, usize, usize)> = Vec::new(); // (start, len, device)
+        let mut summaries: Vec<(usize, u32)> = Vec::new(); // (device, list)
+        let mut summarized: rustc_hash::FxHashSet<u32> = Default::default();
         for dev in 0..n {
             let path = format!("device_traces[{dev}]");
             let list = self.heap.seq_get(v, dev).unwrap_or(Value::None);
             let events = match list {
                 Value::List(id) => match self.heap.list(id) {
+                    // A summary read: the list's tally stands for its records. The same list
+                    // listed again is charged as a copy would be (see below).
+                    ListStore::Records { len, .. } if !self.b.keep_events => {
+                        if !summarized.insert(id) {
+                            self.charge(*len as usize, &path)?;
+                        }
+                        summaries.push((dev, id));
+                        Some(Vec::new())
+                    }
                     // Fast path: the whole list was compacted into consecutive records; they are
                     // moved (not copied) out of the builder below.
                     ListStore::Records { start, len } => {
@@ -827,15 +866,21 @@ impl Converter<'_, '_, '_> {
             taken.insert((start, len), dev);
             built[dev] = Some(evs);
         }
-        Ok(built
+        let mut traces: Vec<DeviceTrace> = built
             .into_iter()
             .enumerate()
-            .map(|(dev, evs)| DeviceTrace { device: dev as u32, events: evs.unwrap_or_default() })
-            .collect())
+            .map(|(dev, evs)| DeviceTrace { device: dev as u32, events: evs.unwrap_or_default(), summary: None })
+            .collect();
+        for (dev, list) in summaries {
+            let tally = self.b.tallies.get(&list).cloned().unwrap_or_default();
+            traces[dev].summary = Some(tally.summary(dev as u32));
+        }
+        Ok(traces)
     }
 
     fn event_value(&mut self, item: Value, path: &str) -> Result<TraceEvent, ReadError> {
         match item {
+            Value::Record(_) if !self.b.keep_events => Err(ReadError::NeedsEvents { path: path.to_string() }),
             Value::Record(r) => self
                 .b
                 .events

@@ -23,7 +23,8 @@ pub(super) struct Merged {
 
 /// Merge `chunk` (whose events become records after those already in the builder;
 /// `first_record` is where this window's records began).
-pub(super) fn merge(b: &mut Builder, store: &mut Store<'_, '_>, chunk: &Chunk) -> Result<Merged, ErrorKind> {
+/// Merge `chunk`, whose entries go to heap list `list`.
+pub(super) fn merge(b: &mut Builder, store: &mut Store<'_, '_>, chunk: &Chunk, list: u32) -> Result<Merged, ErrorKind> {
     let taken: usize = {
         let view = store.view();
         let mut from = Mark::default();
@@ -44,14 +45,11 @@ pub(super) fn merge(b: &mut Builder, store: &mut Store<'_, '_>, chunk: &Chunk) -
     for first in &chunk.firsts[..last.firsts] {
         replay(b, store, chunk, &mut m, *first);
     }
-    let record0 = b.events.len() as u32;
+    let record0 = b.records;
     let view = store.view();
     for ev in &chunk.events[..last.events] {
         let e = event(b, view, chunk, &m, ev);
-        if e.stack != StackId::EMPTY {
-            b.events_with_frames += 1;
-        }
-        b.events.push(e);
+        b.commit(e, list);
     }
     for u in &chunk.unknown[..last.unknown] {
         let name = &chunk.strs[u.key as usize];

@@ -38,7 +38,7 @@ const CHUNK_BYTES: usize = 1 << 20;
 
 /// Read on from `ahead` (see the module comment); `None` when nothing could be read.
 pub(super) fn fast_forward(b: &mut Builder, ahead: Ahead<'_, '_>) -> Result<Option<Advanced>, PickleError> {
-    let Ahead { bytes, offset, frame_end, list: _, mut store } = ahead;
+    let Ahead { bytes, offset, frame_end, list, mut store } = ahead;
     let view = store.view();
     let vm_memo = view.memo_len();
     if vm_memo >= (u32::MAX / 2) as usize {
@@ -88,7 +88,7 @@ pub(super) fn fast_forward(b: &mut Builder, ahead: Ahead<'_, '_>) -> Result<Opti
     });
 
     // Phase 3, in order: merge.
-    let first_record = b.events.len() as u32;
+    let first_record = b.records;
     let mut adv = Advanced { first_record, ..Advanced::default() };
     let mut window_end = scanned_to_end && chain_to_end;
     for (i, chunk) in chunks[..starts.len()].iter().enumerate() {
@@ -97,7 +97,7 @@ pub(super) fn fast_forward(b: &mut Builder, ahead: Ahead<'_, '_>) -> Result<Opti
             window_end = false;
             break;
         }
-        let merged = merge::merge(b, &mut store, chunk).map_err(|kind| PickleError {
+        let merged = merge::merge(b, &mut store, chunk, list).map_err(|kind| PickleError {
             offset: (offset as usize).saturating_add(chunk.start),
             opcode: None,
             kind,
@@ -122,7 +122,7 @@ pub(super) fn fast_forward(b: &mut Builder, ahead: Ahead<'_, '_>) -> Result<Opti
             window_end &= chunk.ran_out || chunk.complete;
         }
     }
-    adv.records = b.events.len() as u32 - first_record;
+    adv.records = b.records - first_record;
     b.chunk_pool = chunks;
     adv.window_end = window_end;
     Ok((adv.consumed > 0).then_some(adv))
