@@ -195,6 +195,26 @@ impl TraceTally {
         }
     }
 
+    /// Add `later`, the tally of the events that follow these.
+    pub fn merge(&mut self, later: &TraceTally) {
+        self.entries += later.entries;
+        self.min_time_us = match (self.min_time_us, later.min_time_us) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        self.max_time_us = match (self.max_time_us, later.max_time_us) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        self.first_action = self.first_action.or(later.first_action);
+        self.last_action = later.last_action.or(self.last_action);
+        for (c, l) in self.counts.iter_mut().zip(later.counts) {
+            *c += l;
+        }
+        self.events_without_time += later.events_without_time;
+        self.alloc_addresses.extend(&later.alloc_addresses);
+    }
+
     /// Approximate bytes held (for a reader's object budget).
     pub fn retained_bytes(&self) -> u64 {
         200 + self.alloc_addresses.capacity() as u64 * 9

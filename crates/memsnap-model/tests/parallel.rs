@@ -108,3 +108,36 @@ fn parallel_reads_every_fixture_as_the_sequential_reader_does() {
     // took the parallel path would pass the comparisons above and test nothing.
     assert!(parallel_files >= 60, "only {parallel_files} files were read in parallel ({parallel_bytes} bytes)");
 }
+
+/// A summary read (no events kept) counts what a full read's events say: the same trace facts,
+/// allocation addresses and devices, for every fixture, sequential or parallel.
+#[test]
+fn a_summary_read_counts_what_the_events_say() {
+    let mut counted = 0;
+    for (name, data) in fixtures() {
+        let Ok(full) = read(&data, true) else { continue };
+        for sequential in [true, false] {
+            let opts = ReadOptions { events: false, sequential, ..Default::default() };
+            let summary = match read_snapshot_with(&data, opts) {
+                Ok(s) => s,
+                Err(memsnap_model::ReadError::NeedsEvents { .. }) => continue,
+                Err(e) => panic!("{name}: a summary read failed where a full one did not: {e}"),
+            };
+            assert_eq!(summary.trace_facts(), full.trace_facts(), "{name}");
+            assert_eq!(summary.device_ids(), full.device_ids(), "{name}");
+            assert_eq!(summary.device_totals(), full.device_totals(), "{name}");
+            for (a, b) in summary.traces.iter().zip(&full.traces) {
+                assert_eq!(a.alloc_addresses(), b.alloc_addresses(), "{name}");
+                assert_eq!(a.entries(), b.entries(), "{name}");
+            }
+            assert_eq!(summary.source.events_with_frames, full.source.events_with_frames, "{name}");
+            assert_eq!(summary.source.unknown_actions, full.source.unknown_actions, "{name}");
+            let events: usize = summary.traces.iter().map(|t| t.events.len()).sum();
+            let entries: u64 = full.traces.iter().map(|t| t.entries()).sum();
+            if entries > 0 && events == 0 {
+                counted += 1;
+            }
+        }
+    }
+    assert!(counted >= 100, "only {counted} reads counted a trace without keeping its events");
+}

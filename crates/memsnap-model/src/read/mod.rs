@@ -246,6 +246,7 @@ struct Builder {
     parallel: bool,
     /// The parallel reader's chunk buffers, reused from window to window.
     chunk_pool: Vec<parallel::Chunk>,
+    converted_pool: Vec<parallel::Converted>,
     /// Whether events are kept (else only tallied per list: a summary read).
     keep_events: bool,
     /// Records handed out so far (`Value::Record` ids): events kept or tallied.
@@ -349,6 +350,11 @@ impl Builder {
         self.strings.push(s.to_string());
         self.string_ids.insert(s.to_string(), id);
         id
+    }
+
+    /// The interned id of heap string `s`, if [`Builder::heap_str_id`] gave it one.
+    fn cached_str_id(&self, s: u32) -> Option<StrId> {
+        self.str_cache.get(s as usize).filter(|&&id| id != UNSEEN).map(|&id| StrId(id))
     }
 
     fn heap_str_id(&mut self, heap: &Heap<'_>, s: u32) -> StrId {

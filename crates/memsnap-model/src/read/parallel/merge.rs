@@ -19,12 +19,13 @@ pub(super) struct Merged {
     pub last: Option<Mark>,
     /// Whether every batch of the chunk was taken.
     pub whole: bool,
+    /// The snapshot-wide ids of the chunk's strings and stacks, for [`convert`].
+    pub maps: Option<Maps>,
 }
 
-/// Merge `chunk` (whose events become records after those already in the builder;
-/// `first_record` is where this window's records began).
-/// Merge `chunk`, whose entries go to heap list `list`.
-pub(super) fn merge(b: &mut Builder, store: &mut Store<'_, '_>, chunk: &Chunk, list: u32) -> Result<Merged, ErrorKind> {
+/// Merge `chunk`: check its batches, intern what they intern, push their memo entries and
+/// hand out record ids for their events, which [`convert`] then makes (on any thread).
+pub(super) fn merge(b: &mut Builder, store: &mut Store<'_, '_>, chunk: &Chunk) -> Result<Merged, ErrorKind> {
     let taken: usize = {
         let view = store.view();
         let mut from = Mark::default();
@@ -39,28 +40,53 @@ pub(super) fn merge(b: &mut Builder, store: &mut Store<'_, '_>, chunk: &Chunk, l
         n
     };
     let Some(&last) = taken.checked_sub(1).map(|i| &chunk.marks[i]) else {
-        return Ok(Merged { last: None, whole: chunk.marks.is_empty() });
+        return Ok(Merged { last: None, whole: chunk.marks.is_empty(), maps: None });
     };
     let mut m = Maps::new(chunk);
     for first in &chunk.firsts[..last.firsts] {
         replay(b, store, chunk, &mut m, *first);
     }
     let record0 = b.records;
-    let view = store.view();
-    for ev in &chunk.events[..last.events] {
-        let e = event(b, view, chunk, &m, ev);
-        b.commit(e, list);
-    }
+    b.records += last.events as u32;
     for u in &chunk.unknown[..last.unknown] {
         let name = &chunk.strs[u.key as usize];
         *b.unknown_keys.entry(format!("device_traces[][].{name}")).or_default() += 1;
     }
     push_slots(b, store, chunk, &mut m, &chunk.slots[..last.slots], record0)?;
-    Ok(Merged { last: Some(last), whole: taken == chunk.marks.len() })
+    Ok(Merged { last: Some(last), whole: taken == chunk.marks.len(), maps: Some(m) })
+}
+
+/// What [`convert`] made of a chunk's events.
+#[derive(Default)]
+pub(in crate::read) struct Converted {
+    /// The events, when they are kept.
+    pub events: Vec<TraceEvent>,
+    /// Their tally, when they are not (a summary read).
+    pub tally: crate::TraceTally,
+    pub with_frames: u64,
+    pub unknown_actions: Vec<String>,
+}
+
+/// Convert the first `n` events of a merged chunk (read-only on the builder: everything they
+/// refer to was interned by [`merge`]), into `out`.
+pub(super) fn convert(b: &Builder, view: StoreView<'_, '_>, chunk: &Chunk, m: &Maps, n: usize, out: &mut Converted) {
+    out.events.clear();
+    out.tally = crate::TraceTally::default();
+    out.with_frames = 0;
+    out.unknown_actions.clear();
+    for ev in &chunk.events[..n] {
+        let e = event(b, view, chunk, m, ev, &mut out.unknown_actions);
+        out.with_frames += (e.stack != StackId::EMPTY) as u64;
+        if b.keep_events {
+            out.events.push(e);
+        } else {
+            out.tally.add(&e);
+        }
+    }
 }
 
 /// Chunk id → snapshot-wide id, filled as the merge meets them.
-struct Maps {
+pub(super) struct Maps {
     strs: Vec<u32>,
     frames: Vec<u32>,
     stacks: Vec<u32>,
@@ -239,7 +265,14 @@ fn frame_id(b: &mut Builder, view: StoreView<'_, '_>, chunk: &Chunk, m: &mut Map
 
 // --- events and memo entries
 
-fn event(b: &mut Builder, view: StoreView<'_, '_>, chunk: &Chunk, m: &Maps, e: &super::decode::RawEvent) -> TraceEvent {
+fn event(
+    b: &Builder,
+    view: StoreView<'_, '_>,
+    chunk: &Chunk,
+    m: &Maps,
+    e: &super::decode::RawEvent,
+    unknown_actions: &mut Vec<String>,
+) -> TraceEvent {
     let stack = match e.stack {
         StackRef::Empty => StackId::EMPTY,
         StackRef::Known(s) => s,
@@ -257,12 +290,12 @@ fn event(b: &mut Builder, view: StoreView<'_, '_>, chunk: &Chunk, m: &Maps, e: &
             _ => StackId::EMPTY,
         },
     };
-    let mut text = |t: Text| match t {
+    let text = |t: Text| match t {
         Text::Empty => StrId::EMPTY,
         Text::Local(s) => StrId(m.strs[s as usize]),
         // Interned by the replay already: found in the builder's cache.
         Text::Slot(g) => match memo_value(view, g) {
-            Some(Value::Str(s)) => b.heap_str_id(view.heap, s),
+            Some(Value::Str(s)) => b.cached_str_id(s).unwrap_or(StrId::EMPTY),
             _ => StrId::EMPTY,
         },
     };
@@ -271,7 +304,7 @@ fn event(b: &mut Builder, view: StoreView<'_, '_>, chunk: &Chunk, m: &Maps, e: &
     let action = match e.action {
         ActionRef::Known(a) => a,
         ActionRef::Unknown(s) => {
-            *b.unknown_actions.entry(chunk.strs[s as usize].to_string()).or_default() += 1;
+            unknown_actions.push(chunk.strs[s as usize].clone());
             Action::Other
         }
         ActionRef::Slot(g) => match view.memo_get(g as usize) {
@@ -279,7 +312,7 @@ fn event(b: &mut Builder, view: StoreView<'_, '_>, chunk: &Chunk, m: &Maps, e: &
                 let name = view.heap.str(s);
                 let a = Action::parse(name);
                 if a == Action::Other {
-                    *b.unknown_actions.entry(name.to_string()).or_default() += 1;
+                    unknown_actions.push(name.to_string());
                 }
                 a
             }

@@ -30,6 +30,7 @@ use rayon::prelude::*;
 use super::Builder;
 pub(in crate::read) use decode::Chunk;
 use decode::Window;
+pub(in crate::read) use merge::Converted;
 
 /// Bytes per chunk: a chunk is the unit of work of one thread. Small enough that a 32 MiB
 /// window keeps 16 threads busy, large enough that per-chunk tables amortize (a chunk holds
@@ -91,21 +92,23 @@ pub(super) fn fast_forward(b: &mut Builder, ahead: Ahead<'_, '_>) -> Result<Opti
     let first_record = b.records;
     let mut adv = Advanced { first_record, ..Advanced::default() };
     let mut window_end = scanned_to_end && chain_to_end;
+    let mut merged_maps: Vec<(merge::Maps, usize)> = Vec::with_capacity(starts.len());
     for (i, chunk) in chunks[..starts.len()].iter().enumerate() {
         let expected_base = expected_base(&chunks, i, vm_memo as u32);
         if chunk.base != expected_base {
             window_end = false;
             break;
         }
-        let merged = merge::merge(b, &mut store, chunk, list).map_err(|kind| PickleError {
+        let merged = merge::merge(b, &mut store, chunk).map_err(|kind| PickleError {
             offset: (offset as usize).saturating_add(chunk.start),
             opcode: None,
             kind,
         })?;
-        let Some(mark) = merged.last else {
+        let (Some(mark), Some(maps)) = (merged.last, merged.maps) else {
             window_end = false;
             break;
         };
+        merged_maps.push((maps, mark.events));
         adv.consumed = mark.end;
         adv.opcodes += mark.counts.opcodes;
         adv.memoize += mark.counts.memoize;
@@ -122,6 +125,27 @@ pub(super) fn fast_forward(b: &mut Builder, ahead: Ahead<'_, '_>) -> Result<Opti
             window_end &= chunk.ran_out || chunk.complete;
         }
     }
+    // Phase 4, parallel: the events (or their tallies), then put in order.
+    let mut outs = std::mem::take(&mut b.converted_pool);
+    outs.resize_with(merged_maps.len().max(outs.len()), Default::default);
+    {
+        let (b, view) = (&*b, store.view());
+        outs[..merged_maps.len()].par_iter_mut().zip(&merged_maps).enumerate().for_each(|(i, (out, (maps, n)))| {
+            merge::convert(b, view, &chunks[i], maps, *n, out);
+        });
+    }
+    for out in &outs[..merged_maps.len()] {
+        b.events_with_frames += out.with_frames;
+        for a in &out.unknown_actions {
+            *b.unknown_actions.entry(a.clone()).or_default() += 1;
+        }
+        if b.keep_events {
+            b.events.extend_from_slice(&out.events);
+        } else {
+            b.tallies.entry(list).or_default().merge(&out.tally);
+        }
+    }
+    b.converted_pool = outs;
     adv.records = b.records - first_record;
     b.chunk_pool = chunks;
     adv.window_end = window_end;
