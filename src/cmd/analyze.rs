@@ -55,6 +55,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     } else {
         emit(&analysis_text(&a, args.top))?;
     }
+    crate::cmd::leave(a);
     Ok(ExitCode::SUCCESS)
 }
 

@@ -142,5 +142,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         (svg, Content::Markup)
     };
     write_output(&args.output, &text, content)?;
+    drop(devices);
+    crate::cmd::leave(a);
     Ok(ExitCode::SUCCESS)
 }

@@ -69,3 +69,11 @@ pub fn emit_raw(text: &str) -> anyhow::Result<()> {
     out.flush().context("cannot write to stdout")?;
     Ok(())
 }
+
+/// Leave a command's big values to the operating system instead of freeing them: the process
+/// ends right after, and unmapping its memory at exit is far quicker than freeing millions of
+/// allocations one by one (0.1 s for a 1 GB snapshot). Only for the last value a one-file
+/// command holds, never inside `batch`.
+pub fn leave<T>(value: T) {
+    std::mem::forget(value);
+}

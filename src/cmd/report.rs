@@ -84,6 +84,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     };
     phase.finish_and_clear();
     write_output(&args.output, &text, Content::Markup)?;
+    crate::cmd::leave(a);
     Ok(ExitCode::SUCCESS)
 }
 

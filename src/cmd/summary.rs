@@ -27,6 +27,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     } else {
         emit(&summary_text(&loaded))?;
     }
+    crate::cmd::leave(loaded);
     Ok(ExitCode::SUCCESS)
 }
 

@@ -169,14 +169,14 @@ pub fn lifecycle(
     // one-off blocks never freed whose stack and size never recur (a library's workspace or
     // lazily made state, created the first time an operation runs).
     let private = private_pool_blocks(d);
-    let mut recurrence: std::collections::HashMap<(memsnap_model::StackId, u64), u32> = Default::default();
+    let mut recurrence: rustc_hash::FxHashMap<(memsnap_model::StackId, u64), u32> = Default::default();
     for b in d.blocks.iter().filter(|b| b.alloc_event.is_some()) {
         *recurrence.entry((events[b.alloc_event.unwrap_or(0) as usize].stack, b.size)).or_default() += 1;
     }
     // Lines that make a pass's inputs: those allocating in the gap before a pass (after a
     // backward, or before the first pass). When the same line allocates again right after a
     // pass, it is making the next pass's inputs, not computing on this pass's result.
-    let input_stacks: std::collections::HashSet<memsnap_model::StackId> = d
+    let input_stacks: rustc_hash::FxHashSet<memsnap_model::StackId> = d
         .blocks
         .iter()
         .filter_map(|b| b.alloc_event)

@@ -93,7 +93,12 @@ pub struct Finding {
 
 /// Run every detector on one device, measure and render the findings, rank them.
 pub fn detect(cx: &Context) -> Vec<Suspect> {
-    let mut out: Vec<Suspect> = REGISTRY.iter().flat_map(|d| d.detect(cx)).filter_map(|f| finish(cx, f)).collect();
+    // Detectors are independent (they read the context only): run side by side, collected in
+    // registry order.
+    use rayon::prelude::*;
+    let found: Vec<Vec<Suspect>> =
+        REGISTRY.par_iter().map(|d| d.detect(cx).into_iter().filter_map(|f| finish(cx, f)).collect()).collect();
+    let mut out: Vec<Suspect> = found.into_iter().flatten().collect();
     out.sort_by(rank);
     out
 }
