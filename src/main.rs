@@ -27,6 +27,10 @@ struct Cli {
     /// No progress on stderr (it is shown only when stderr is a terminal anyway).
     #[arg(short, long, global = true)]
     quiet: bool,
+    /// Read traces with the sequential pickle reader only, on one thread (the parallel reader's
+    /// reference; same output, slower). For troubleshooting.
+    #[arg(long, global = true)]
+    sequential_reader: bool,
 }
 
 #[derive(Subcommand)]
@@ -63,6 +67,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     progress::init(cli.quiet);
+    load::set_sequential_reader(cli.sequential_reader);
     let result = match &cli.command {
         Command::Summary(a) => cmd::summary::run(a),
         Command::Analyze(a) => cmd::analyze::run(a),

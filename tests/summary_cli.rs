@@ -311,3 +311,22 @@ fn completions_and_man_page_cover_every_command() {
         assert!(man.stdout.contains(&format!("memsnap\\-{c}")), "man page lacks {c}");
     }
 }
+
+/// `--sequential-reader` (the VM alone) prints what the parallel reader prints, for the summary
+/// read (no events kept) and for `analyze`, which keeps them; on files of several frames.
+#[test]
+fn the_sequential_reader_prints_the_same() {
+    let mut compared = 0;
+    let pickles = |d: &str| files_in(&fixture(d), |n| n.ends_with(".pickle.xz") || n.ends_with(".pickle"));
+    for f in pickles("dev").into_iter().chain(pickles("extra")).take(12) {
+        let path = f.to_string_lossy().into_owned();
+        for cmd in [["summary", "--json"], ["analyze", "--json"]] {
+            let parallel = memsnap(&[cmd[0], &path, cmd[1]]);
+            let sequential = memsnap(&["--sequential-reader", cmd[0], &path, cmd[1]]);
+            assert_eq!(parallel.code, Some(0), "{path}: {}", parallel.stderr);
+            assert!(parallel.stdout == sequential.stdout, "{path}: {} differs with --sequential-reader", cmd[0]);
+            compared += 1;
+        }
+    }
+    assert!(compared >= 20, "compared {compared}");
+}

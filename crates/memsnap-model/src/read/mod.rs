@@ -62,6 +62,10 @@ pub struct ReadOptions<'p> {
     /// fraction of the memory. A file whose trace lists share entries cannot be counted that
     /// way: it fails with [`ReadError::NeedsEvents`], to be read again with events.
     pub events: bool,
+    /// Bytes per chunk of the parallel reader (0: its default, 1 MiB). Tests make it small
+    /// so that chunk boundaries fall everywhere in small files; the output never depends on it.
+    #[doc(hidden)]
+    pub chunk_bytes: usize,
 }
 
 impl Default for ReadOptions<'_> {
@@ -74,6 +78,7 @@ impl Default for ReadOptions<'_> {
             stored_bytes: None,
             sequential: false,
             events: true,
+            chunk_bytes: 0,
         }
     }
 }
@@ -154,7 +159,12 @@ fn is_opcode(b: u8) -> bool {
 }
 
 fn read_source<'a, S: Source<'a>>(source: S, opts: ReadOptions<'_>) -> Result<Snapshot, ReadError> {
-    let mut b = Builder { parallel: !opts.sequential, keep_events: opts.events, ..Builder::default() };
+    let mut b = Builder {
+        parallel: !opts.sequential,
+        keep_events: opts.events,
+        chunk_bytes: opts.chunk_bytes,
+        ..Builder::default()
+    };
     // String 0 is always "" (see `StrId::EMPTY`).
     b.intern("");
     b.na_id = Some(StrId(b.intern("N/A")));
@@ -247,6 +257,8 @@ struct Builder {
     /// The parallel reader's chunk buffers, reused from window to window.
     chunk_pool: Vec<parallel::Chunk>,
     converted_pool: Vec<parallel::Converted>,
+    /// [`ReadOptions::chunk_bytes`].
+    chunk_bytes: usize,
     /// Whether events are kept (else only tallied per list: a summary read).
     keep_events: bool,
     /// Records handed out so far (`Value::Record` ids): events kept or tallied.

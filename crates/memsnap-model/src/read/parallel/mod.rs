@@ -46,7 +46,8 @@ pub(super) fn fast_forward(b: &mut Builder, ahead: Ahead<'_, '_>) -> Result<Opti
         return Ok(None);
     }
     let Some(frame_rel) = frame_end.checked_sub(offset) else { return Ok(None) };
-    let (bounds, chain_to_end) = chunk_bounds(bytes, frame_rel);
+    let chunk_bytes = if b.chunk_bytes == 0 { CHUNK_BYTES } else { b.chunk_bytes };
+    let (bounds, chain_to_end) = chunk_bounds(bytes, frame_rel, chunk_bytes);
     if bounds.len() < 2 || !batch_starts(bytes, 0, view, true) {
         return Ok(None);
     }
@@ -165,11 +166,11 @@ fn expected_base(chunks: &[decode::Chunk], i: usize, vm_memo: u32) -> u32 {
     }
 }
 
-/// Chunk boundaries in `bytes`: 0, then frame starts about [`CHUNK_BYTES`] apart, then the end
+/// Chunk boundaries in `bytes`: 0, then frame starts about `chunk_bytes` apart, then the end
 /// of the last frame that lies wholly in the window. `frame_rel` is where the current frame
 /// ends. Also says whether the chain of frames ran to the end of the window (rather than to
 /// bytes outside any frame).
-fn chunk_bounds(bytes: &[u8], frame_rel: u64) -> (Vec<usize>, bool) {
+fn chunk_bounds(bytes: &[u8], frame_rel: u64, chunk_bytes: usize) -> (Vec<usize>, bool) {
     let len = bytes.len();
     let mut bounds = vec![0];
     let Ok(mut rel) = usize::try_from(frame_rel) else { return (bounds, false) };
@@ -187,7 +188,7 @@ fn chunk_bounds(bytes: &[u8], frame_rel: u64) -> (Vec<usize>, bool) {
         if next > len {
             break true;
         }
-        if rel - last >= CHUNK_BYTES {
+        if rel - last >= chunk_bytes {
             bounds.push(rel);
             last = rel;
         }
