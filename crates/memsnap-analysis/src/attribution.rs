@@ -149,7 +149,8 @@ pub fn attribute(events: &[TraceEvent], phases: &Phases, stacks: &StackTable, b:
     (Attr::NoFrames, ev_stack)
 }
 
-/// The category of a block allocated at `a` that is live at `t`.
+/// The category of block `b`, attributed `attr`: what kind of memory it is, from the phase it
+/// was allocated in and how long it lived (it does not depend on the moment it is looked at).
 pub fn categorize(
     events: &[TraceEvent],
     phases: &Phases,
