@@ -22,6 +22,8 @@
 
 use memsnap_model::{Action, FrameId, TraceEvent};
 use memsnap_replay::DeviceReplay;
+use rayon::prelude::*;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::phases::{Phases, Span};
 use crate::stacks::StackTable;
@@ -169,16 +171,27 @@ pub fn lifecycle(
     // one-off blocks never freed whose stack and size never recur (a library's workspace or
     // lazily made state, created the first time an operation runs).
     let private = private_pool_blocks(d);
-    let mut recurrence: rustc_hash::FxHashMap<(memsnap_model::StackId, u64), u32> = Default::default();
-    for b in d.blocks.iter().filter(|b| b.alloc_event.is_some()) {
-        *recurrence.entry((events[b.alloc_event.unwrap_or(0) as usize].stack, b.size)).or_default() += 1;
-    }
+    // Counted per thread and summed: there are millions of blocks but few (stack, size) pairs.
+    let recurrence: FxHashMap<(memsnap_model::StackId, u64), u32> = d
+        .blocks
+        .par_iter()
+        .filter_map(|b| b.alloc_event.map(|a| (events[a as usize].stack, b.size)))
+        .fold(FxHashMap::default, |mut m, k| {
+            *m.entry(k).or_default() += 1;
+            m
+        })
+        .reduce(FxHashMap::default, |mut a, b| {
+            for (k, n) in b {
+                *a.entry(k).or_default() += n;
+            }
+            a
+        });
     // Lines that make a pass's inputs: those allocating in the gap before a pass (after a
     // backward, or before the first pass). When the same line allocates again right after a
     // pass, it is making the next pass's inputs, not computing on this pass's result.
-    let input_stacks: rustc_hash::FxHashSet<memsnap_model::StackId> = d
+    let input_stacks: FxHashSet<memsnap_model::StackId> = d
         .blocks
-        .iter()
+        .par_iter()
         .filter_map(|b| b.alloc_event)
         .filter(|&a| unit_at(a).is_none() && next_unit(a).is_some())
         .map(|a| events[a as usize].stack)
@@ -190,36 +203,46 @@ pub fn lifecycle(
     let mut unit_of_block = vec![u32::MAX; d.blocks.len()];
     let mut members: Vec<Vec<(usize, bool)>> = vec![Vec::new(); units.len()];
     let mut consumer: Vec<Option<usize>> = vec![None; units.len()];
-    for (bi, b) in d.blocks.iter().enumerate() {
-        let Some(a) = b.alloc_event else { continue };
-        let stack = events[a as usize].stack;
-        let info = stacks.get(stack);
-        if !info.python || info.recompute || info.backward_launch || info.optimizer || private[bi] {
-            continue;
-        }
-        if b.freed_at().is_none() && recurrence.get(&(stack, b.size)) == Some(&1) {
-            continue;
-        }
-        let here =
-            unit_at(a).filter(|&u| info.forward || !input_stacks.contains(&stack) || units[u].pass_span.contains(a));
-        let Some(u) = here.or_else(|| if info.forward { None } else { next_unit(a) }) else { continue };
-        let in_pass = units[u].pass_span.contains(a) && info.forward;
-        if !in_pass && info.forward {
-            continue;
-        }
-        unit_of_block[bi] = u as u32;
-        members[u].push((bi, in_pass));
-        // Only the module calls' own blocks tell which backward ran through the pass: code after
-        // a pass may already be making the next pass's inputs, which that pass's backward frees.
-        if !in_pass {
-            continue;
-        }
-        if let Some(f) = b.freed_at() {
-            if let Some(bw) = phases.backward_index_at(f) {
-                if phases.backwards[bw].span.start > a {
-                    consumer[u] = Some(consumer[u].map_or(bw, |c: usize| c.min(bw)));
-                }
+    // Each block's unit, decided on its own (in parallel), then gathered in block order.
+    let placed: Vec<Option<(u32, bool, Option<usize>)>> = d
+        .blocks
+        .par_iter()
+        .enumerate()
+        .map(|(bi, b)| {
+            let a = b.alloc_event?;
+            let stack = events[a as usize].stack;
+            let info = stacks.get(stack);
+            if !info.python || info.recompute || info.backward_launch || info.optimizer || private[bi] {
+                return None;
             }
+            if b.freed_at().is_none() && recurrence.get(&(stack, b.size)) == Some(&1) {
+                return None;
+            }
+            let here = unit_at(a)
+                .filter(|&u| info.forward || !input_stacks.contains(&stack) || units[u].pass_span.contains(a));
+            let u = here.or_else(|| if info.forward { None } else { next_unit(a) })?;
+            let in_pass = units[u].pass_span.contains(a) && info.forward;
+            if !in_pass && info.forward {
+                return None;
+            }
+            // Only the module calls' own blocks tell which backward ran through the pass: code
+            // after a pass may already be making the next pass's inputs, which that pass's
+            // backward frees.
+            let consumed_by = b
+                .freed_at()
+                .filter(|_| in_pass)
+                .and_then(|f| phases.backward_index_at(f))
+                .filter(|&bw| phases.backwards[bw].span.start > a);
+            Some((u as u32, in_pass, consumed_by))
+        })
+        .collect();
+    for (bi, p) in placed.into_iter().enumerate() {
+        let Some((u, in_pass, consumed_by)) = p else { continue };
+        unit_of_block[bi] = u;
+        members[u as usize].push((bi, in_pass));
+        if let Some(bw) = consumed_by {
+            let c = &mut consumer[u as usize];
+            *c = Some(c.map_or(bw, |c: usize| c.min(bw)));
         }
     }
     let alive_after = |b: &memsnap_replay::BlockLifetime, t: u32| b.freed_at().is_none_or(|f| f > t);

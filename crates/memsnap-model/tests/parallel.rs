@@ -96,7 +96,11 @@ fn parallel_reads_every_fixture_as_the_sequential_reader_does() {
                 let got = same(&format!("{name} ({threads} threads)"), &want, read(data, false));
                 // Chunks of one frame: a boundary between every two frames.
                 let small = read_snapshot_with(data, ReadOptions { chunk_bytes: 1, ..Default::default() });
-                same(&format!("{name} ({threads} threads, one frame per chunk)"), &want, small.map_err(|e| e.to_string()));
+                same(
+                    &format!("{name} ({threads} threads, one frame per chunk)"),
+                    &want,
+                    small.map_err(|e| e.to_string()),
+                );
                 let opts = ReadOptions { size_hint: data.len() as u64, ..Default::default() };
                 let streamed = read_snapshot_from(Pieces { data, step: 0 }, opts).map_err(|e| e.to_string());
                 same(&format!("{name} ({threads} threads, streamed)"), &want, streamed);
