@@ -276,6 +276,9 @@ pub struct SourceInfo {
     /// Bytes of the pickle the parallel trace reader read (the rest the VM read alone); 0 for
     /// a sequential read.
     pub parallel_bytes: u64,
+    /// Windows of the input the parallel trace reader scanned (the work it spent, whether or not
+    /// it could read them).
+    pub parallel_windows: u64,
 }
 
 /// A whole memory snapshot.

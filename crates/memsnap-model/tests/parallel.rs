@@ -68,6 +68,7 @@ fn same(what: &str, want: &Result<Snapshot, String>, got: Result<Snapshot, Strin
             let parallel = b.source.parallel_bytes;
             b.source.peak_built_bytes = a.source.peak_built_bytes;
             b.source.parallel_bytes = a.source.parallel_bytes;
+            b.source.parallel_windows = a.source.parallel_windows;
             assert!(format!("{a:?}") == format!("{b:?}"), "{what}: the parallel model differs from the sequential one");
             parallel
         }
@@ -147,4 +148,34 @@ fn a_summary_read_counts_what_the_events_say() {
         }
     }
     assert!(counted >= 100, "only {counted} reads counted a trace without keeping its events");
+}
+
+/// Batches the parallel decoder does not take (`frames` as tuples) cost it a one-batch probe,
+/// not a scan of its window per batch; and where every other batch is such, the reader backs
+/// off instead of scanning a window for each batch it can take. Both read as the sequential
+/// reader reads them (the first test covers `fixtures/hostile`).
+#[test]
+fn batches_left_to_the_vm_do_not_cost_a_window_each() {
+    let load = |name: &str| {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/hostile").join(name);
+        let mut v = Vec::new();
+        std::io::Read::read_to_end(&mut xz2::read::XzDecoder::new(std::fs::File::open(path).unwrap()), &mut v).unwrap();
+        v
+    };
+    let all = read_snapshot_with(&load("ok_trace_tuple_frames.pickle.xz"), ReadOptions::default()).unwrap();
+    assert_eq!(all.traces[0].events.len(), 200_000);
+    assert_eq!((all.source.parallel_bytes, all.source.parallel_windows), (0, 0));
+
+    let data = load("ok_trace_tuple_frames_every_other_batch.pickle.xz");
+    let half = read_snapshot_with(&data, ReadOptions::default()).unwrap();
+    assert_eq!(half.traces[0].events.len(), 200_000);
+    // 100 batches it can take, each followed by one it cannot: without the back-off, 100
+    // windows; with it (4 then 8 MiB of an 8 MB pickle left to the VM), a handful.
+    assert!(half.source.parallel_bytes > 0, "the batches it can take were not read in parallel");
+    assert!(
+        half.source.parallel_windows <= 4,
+        "{} windows scanned for {} bytes",
+        half.source.parallel_windows,
+        data.len()
+    );
 }

@@ -257,6 +257,12 @@ struct Builder {
     /// The parallel reader's chunk buffers, reused from window to window.
     chunk_pool: Vec<parallel::Chunk>,
     converted_pool: Vec<parallel::Converted>,
+    /// The parallel reader waits until the VM reaches this offset (see `parallel::back_off`).
+    resume_at: u64,
+    /// Its current wait, in bytes (0: none).
+    backoff: u64,
+    /// Windows the parallel reader scanned (`SourceInfo::parallel_windows`).
+    windows_scanned: u64,
     /// [`ReadOptions::chunk_bytes`].
     chunk_bytes: usize,
     /// Whether events are kept (else only tallied per list: a summary read).
@@ -661,6 +667,7 @@ impl Builder {
         }
         // Events that were compacted but never reached a device trace (e.g. a list of
         // action dicts under an unknown key) are simply dropped with the builder.
+        snap.source.parallel_windows = self.windows_scanned;
         let Builder {
             strings, frames, stacks, unknown_keys, unknown_actions, has_cpp_frames, events_with_frames, ..
         } = self;

@@ -37,6 +37,14 @@ pub(in crate::read) use merge::Converted;
 /// about 12 000 entries).
 const CHUNK_BYTES: usize = 1 << 20;
 
+/// After a window that read little (less than a quarter of it) the VM reads this far alone
+/// before the next try, twice as far after each further such window, at most
+/// [`MAX_BACKOFF`]; a window read to its end resets it. It bounds the work a file can waste:
+/// a try scans a whole window, so a file whose every batch stops the decoder early would
+/// otherwise be scanned once per batch.
+const FIRST_BACKOFF: u64 = 4 << 20;
+const MAX_BACKOFF: u64 = 256 << 20;
+
 /// Read on from `ahead` (see the module comment); `None` when nothing could be read.
 pub(super) fn fast_forward(b: &mut Builder, ahead: Ahead<'_, '_>) -> Result<Option<Advanced>, PickleError> {
     let Ahead { bytes, offset, frame_end, list, mut store } = ahead;
@@ -45,13 +53,27 @@ pub(super) fn fast_forward(b: &mut Builder, ahead: Ahead<'_, '_>) -> Result<Opti
     if vm_memo >= (u32::MAX / 2) as usize {
         return Ok(None);
     }
+    if offset < b.resume_at {
+        return Ok(None);
+    }
     let Some(frame_rel) = frame_end.checked_sub(offset) else { return Ok(None) };
     let chunk_bytes = if b.chunk_bytes == 0 { CHUNK_BYTES } else { b.chunk_bytes };
     let (bounds, chain_to_end) = chunk_bounds(bytes, frame_rel, chunk_bytes);
     if bounds.len() < 2 || !batch_starts(bytes, 0, view, true) {
         return Ok(None);
     }
+    // One batch first, on this thread: a file whose batches the decoder does not take costs
+    // one batch per try, not a window.
+    let mut probe = b.chunk_pool.pop().unwrap_or_default();
+    decode::decode(Window { data: bytes, store: view, vm_memo: vm_memo as u32 }, 0, 1, vm_memo as u32, &mut probe);
+    let took_one = !probe.marks.is_empty();
+    b.chunk_pool.push(probe);
+    if !took_one {
+        b.back_off(offset);
+        return Ok(None);
+    }
 
+    b.windows_scanned += 1;
     // Phase 1, parallel: where each chunk's first batch starts, and its MEMOIZE count.
     let scans: Vec<Option<ChunkScan>> =
         (0..bounds.len() - 1).into_par_iter().map(|k| scan_chunk(bytes, bounds[k], bounds[k + 1], view)).collect();
@@ -150,7 +172,20 @@ pub(super) fn fast_forward(b: &mut Builder, ahead: Ahead<'_, '_>) -> Result<Opti
     adv.records = b.records - first_record;
     b.chunk_pool = chunks;
     adv.window_end = window_end;
+    if window_end || adv.consumed >= bytes.len() / 4 {
+        b.backoff = 0;
+    } else {
+        b.back_off(offset + adv.consumed as u64);
+    }
     Ok((adv.consumed > 0).then_some(adv))
+}
+
+impl Builder {
+    /// Leave the next [`FIRST_BACKOFF`] bytes (doubling each time) after `at` to the VM.
+    fn back_off(&mut self, at: u64) {
+        self.backoff = if self.backoff == 0 { FIRST_BACKOFF } else { (self.backoff * 2).min(MAX_BACKOFF) };
+        self.resume_at = at.saturating_add(self.backoff);
+    }
 }
 
 /// The memo index chunk `i` must start at: where chunk `i - 1` ended (the window's memo
