@@ -416,6 +416,15 @@ impl<'d> Decoder<'d, '_, '_, '_> {
         }
     }
 
+    /// A string written out (its opcode `op` taken): in the chunk's table, memoized when a
+    /// `MEMOIZE` follows; the string and its table entry.
+    fn literal(&mut self, op: u8) -> R<(&'d str, u32)> {
+        let s = self.string_arg(op)?;
+        let id = self.intern(s);
+        self.maybe_memoize(Slot::Str(id));
+        Ok((s, id))
+    }
+
     fn memoize(&mut self, slot: Slot) -> R<()> {
         self.expect(scan::MEMOIZE)?;
         self.chunk.slots.push(slot);
@@ -536,21 +545,22 @@ impl<'d> Decoder<'d, '_, '_, '_> {
         }
     }
 
-    /// A dict key: literal or fetched.
-    fn key(&mut self) -> R<Key> {
+    /// A dict key: literal or fetched, and where it came from (see [`Decoder::key_from`]).
+    fn key(&mut self) -> R<(Key, Raw)> {
         let op = self.op()?;
         self.key_from(op)
     }
 
-    /// A dict key whose first opcode `op` was taken.
+    /// A dict key whose first opcode `op` was taken, with the key as a value to rebuild (its
+    /// table entry, or the memo index it was fetched from).
     #[inline(always)]
-    fn key_from(&mut self, op: u8) -> R<Key> {
+    fn key_from(&mut self, op: u8) -> R<(Key, Raw)> {
         match op {
             scan::BINGET | scan::LONG_BINGET => {
                 let g = self.get_arg(op)?;
                 let c = &mut self.key_cache[g as usize % KEY_CACHE];
                 if c.0 == g {
-                    return Ok(c.1);
+                    return Ok((c.1, Raw::Memo(g)));
                 }
                 let k = match self.resolve(g)? {
                     Got::Local(Slot::Str(s)) => key_of(&self.chunk.strs[s as usize]),
@@ -561,42 +571,30 @@ impl<'d> Decoder<'d, '_, '_, '_> {
                     }
                     _ => return Err(Stop),
                 };
-                Ok(k)
+                Ok((k, Raw::Memo(g)))
             }
             0x8c | b'X' => {
-                let s = self.string_arg(op)?;
-                let id = self.intern(s);
-                self.maybe_memoize(Slot::Str(id));
-                Ok(key_of(s))
+                let (s, id) = self.literal(op)?;
+                Ok((key_of(s), Raw::Str(id)))
             }
             _ => Err(Stop),
         }
     }
 
-    /// The name of the key just read, for counting unknown keys (the string table entry).
-    fn last_key_name(&mut self, key_start: usize) -> R<u32> {
-        let (pos, counts, fe) = (self.pos, self.counts, self.frame_end);
-        self.pos = key_start;
-        let op = self.op()?;
-        let id = match op {
-            scan::BINGET | scan::LONG_BINGET => {
-                let g = self.get_arg(op)?;
-                match self.resolve(g)? {
-                    Got::Local(Slot::Str(s)) => s,
-                    Got::Vm(MemoRef::Value(Value::Str(s))) => {
-                        let heap = self.w.store.heap;
-                        self.intern_copy(heap.str(s))
-                    }
-                    _ => return Err(Stop),
+    /// The string table entry of a key read as `raw` (for counting unknown keys).
+    fn key_name(&mut self, raw: Raw) -> R<u32> {
+        match raw {
+            Raw::Str(id) => Ok(id),
+            Raw::Memo(g) => match self.resolve(g)? {
+                Got::Local(Slot::Str(s)) => Ok(s),
+                Got::Vm(MemoRef::Value(Value::Str(s))) => {
+                    let heap = self.w.store.heap;
+                    Ok(self.intern_copy(heap.str(s)))
                 }
-            }
-            _ => {
-                let s = self.string_arg(op)?;
-                self.intern(s)
-            }
-        };
-        (self.pos, self.counts, self.frame_end) = (pos, counts, fe);
-        Ok(id)
+                _ => Err(Stop),
+            },
+            _ => Err(Stop),
+        }
     }
 
     /// A scalar value (an opcode already taken).
@@ -621,16 +619,20 @@ impl<'d> Decoder<'d, '_, '_, '_> {
         })
     }
 
+    /// A scalar kept to rebuild a dict or tuple in the heap, whose integers are 64-bit (a wider
+    /// one is the VM's to read).
+    fn small_scalar(&mut self, op: u8) -> R<Raw> {
+        match self.scalar(op)? {
+            Raw::Int(i) if i64::try_from(i).is_err() => Err(Stop),
+            v => Ok(v),
+        }
+    }
+
     /// Any value of an ignored key: a scalar, a string, a memo reference or a tuple of those.
     fn value(&mut self) -> R<Raw> {
         let op = self.op()?;
         match op {
-            0x8c | b'X' => {
-                let s = self.string_arg(op)?;
-                let id = self.intern(s);
-                self.maybe_memoize(Slot::Str(id));
-                Ok(Raw::Str(id))
-            }
+            0x8c | b'X' => Ok(Raw::Str(self.literal(op)?.1)),
             scan::BINGET | scan::LONG_BINGET => {
                 let g = self.get_arg(op)?;
                 match self.resolve(g)? {
@@ -645,10 +647,7 @@ impl<'d> Decoder<'d, '_, '_, '_> {
             }
             b')' => self.tuple(Vec::new()),
             _ => {
-                let first = self.scalar(op)?;
-                if matches!(first, Raw::Int(i) if i64::try_from(i).is_err()) {
-                    return Err(Stop);
-                }
+                let first = self.small_scalar(op)?;
                 // Up to three scalars and TUPLE1–3: a small tuple (e.g. a pool id).
                 let mut items = vec![first];
                 loop {
@@ -659,11 +658,7 @@ impl<'d> Decoder<'d, '_, '_, '_> {
                         }
                         Some(b'N' | 0x88 | 0x89 | b'K' | b'M' | b'J' | 0x8a | b'G') if items.len() < 3 => {
                             let op = self.op()?;
-                            let v = self.scalar(op)?;
-                            if matches!(v, Raw::Int(i) if i64::try_from(i).is_err()) {
-                                return Err(Stop);
-                            }
-                            items.push(v);
+                            items.push(self.small_scalar(op)?);
                         }
                         _ if items.len() == 1 => return Ok(first),
                         _ => return Err(Stop),
@@ -686,24 +681,29 @@ impl<'d> Decoder<'d, '_, '_, '_> {
 
     /// A string value (or `None`): literal, or fetched.
     fn text(&mut self) -> R<Text> {
+        Ok(self.text_raw()?.0)
+    }
+
+    /// [`Decoder::text`], with the value to rebuild: `None`, its table entry when written out,
+    /// or the memo index it was fetched from.
+    fn text_raw(&mut self) -> R<(Text, Raw)> {
         let op = self.op()?;
         match op {
-            b'N' => Ok(Text::Empty),
+            b'N' => Ok((Text::Empty, Raw::None)),
             0x8c | b'X' => {
-                let s = self.string_arg(op)?;
-                let id = self.intern(s);
-                self.maybe_memoize(Slot::Str(id));
-                Ok(Text::Local(id))
+                let id = self.literal(op)?.1;
+                Ok((Text::Local(id), Raw::Str(id)))
             }
             scan::BINGET | scan::LONG_BINGET => {
                 let g = self.get_arg(op)?;
-                match self.resolve(g)? {
-                    Got::Local(Slot::Str(s)) => Ok(Text::Local(s)),
-                    Got::Vm(MemoRef::Value(Value::Str(s))) => Ok(Text::Local(self.vm_text(g, s))),
-                    Got::Vm(MemoRef::Value(Value::None)) => Ok(Text::Empty),
-                    Got::Earlier(g) => Ok(Text::Slot(g)),
-                    _ => Err(Stop),
-                }
+                let t = match self.resolve(g)? {
+                    Got::Local(Slot::Str(s)) => Text::Local(s),
+                    Got::Vm(MemoRef::Value(Value::Str(s))) => Text::Local(self.vm_text(g, s)),
+                    Got::Vm(MemoRef::Value(Value::None)) => return Ok((Text::Empty, Raw::None)),
+                    Got::Earlier(g) => Text::Slot(g),
+                    _ => return Err(Stop),
+                };
+                Ok((t, Raw::Memo(g)))
             }
             _ => Err(Stop),
         }
@@ -713,9 +713,7 @@ impl<'d> Decoder<'d, '_, '_, '_> {
         let op = self.op()?;
         match op {
             0x8c | b'X' => {
-                let s = self.string_arg(op)?;
-                let id = self.intern(s);
-                self.maybe_memoize(Slot::Str(id));
+                let (s, id) = self.literal(op)?;
                 Ok(match Action::parse(s) {
                     Action::Other => ActionRef::Unknown(id),
                     a => ActionRef::Known(a),
@@ -770,12 +768,12 @@ impl<'d> Decoder<'d, '_, '_, '_> {
         let mut action_seen = false;
         let mut frames_seen = false;
         loop {
-            let key_start = self.pos;
             let op = self.op()?;
             if op == scan::SETITEMS {
                 break;
             }
-            match self.key_from(op)? {
+            let (key, key_raw) = self.key_from(op)?;
+            match key {
                 Key::Action => {
                     ev.action = self.action()?;
                     action_seen = true;
@@ -821,7 +819,7 @@ impl<'d> Decoder<'d, '_, '_, '_> {
                     self.value()?;
                 }
                 Key::Filename | Key::Line | Key::Name | Key::Other => {
-                    let key = self.last_key_name(key_start)?;
+                    let key = self.key_name(key_raw)?;
                     self.chunk.unknown.push(Unknown { key });
                     self.value()?;
                 }
@@ -960,27 +958,16 @@ impl<'d> Decoder<'d, '_, '_, '_> {
     }
 
     fn frame_item(&mut self, frame: &mut LocalFrame) -> R<()> {
-        let key_start = self.pos;
-        let key = self.key()?;
-        let key_raw = self.raw_at(key_start)?;
+        let (key, key_raw) = self.key()?;
         match key {
             Key::Filename | Key::Name => {
-                let value_start = self.pos;
-                let t = self.text()?;
+                let (t, raw) = self.text_raw()?;
                 frame.fields.push(if key == Key::Filename { FrameField::Filename(t) } else { FrameField::Name(t) });
-                let raw = match t {
-                    Text::Empty => Raw::None,
-                    Text::Local(s) if !self.fetched(value_start) => Raw::Str(s),
-                    _ => self.raw_at(value_start)?,
-                };
                 frame.items.push((key_raw, raw));
             }
             Key::Line => {
                 let op = self.op()?;
-                let v = self.scalar(op)?;
-                if matches!(v, Raw::Int(i) if i64::try_from(i).is_err()) {
-                    return Err(Stop);
-                }
+                let v = self.small_scalar(op)?;
                 let line = match v {
                     Raw::Int(l) => l.clamp(0, u32::MAX as i128) as u32,
                     Raw::Bool(b) => b as u32,
@@ -1007,33 +994,6 @@ impl<'d> Decoder<'d, '_, '_, '_> {
             }
         }
         Ok(())
-    }
-
-    /// Whether the value at `at` is a memo fetch.
-    fn fetched(&self, at: usize) -> bool {
-        let mut p = at;
-        while self.w.data.get(p) == Some(&scan::FRAME) {
-            p += 9;
-        }
-        matches!(self.w.data.get(p), Some(&scan::BINGET | &scan::LONG_BINGET))
-    }
-
-    /// The string at `at` (read before) as a value to rebuild: a table entry, or the memo
-    /// index it was fetched from.
-    fn raw_at(&mut self, at: usize) -> R<Raw> {
-        let (pos, counts, fe) = (self.pos, self.counts, self.frame_end);
-        self.pos = at;
-        let op = self.op()?;
-        let raw = match op {
-            scan::BINGET | scan::LONG_BINGET => Raw::Memo(self.get_arg(op)?),
-            0x8c | b'X' => {
-                let s = self.string_arg(op)?;
-                Raw::Str(self.intern(s))
-            }
-            _ => Raw::None,
-        };
-        (self.pos, self.counts, self.frame_end) = (pos, counts, fe);
-        Ok(raw)
     }
 }
 
