@@ -2,7 +2,7 @@
 //! while it is written: a file may list 100 000 devices, and holding every device's JSON tree
 //! at once took 1.7 GB for a 280 KB input. The output is byte-identical to building the whole
 //! `serde_json::Value` (keys in sorted order, as serde_json's default map writes them), and
-//! as safe for a terminal as [`crate::cmd::emit_json`]: string contents pass through
+//! as safe for a terminal as [`crate::emit::emit_json`]: string contents pass through
 //! [`json_safe`], so DEL, C1 and bidi controls are written as `\u` escapes.
 
 use std::io::{self, Write};

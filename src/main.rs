@@ -3,13 +3,17 @@
 
 mod alloc;
 mod cmd;
+mod emit;
 mod input;
+mod json;
 mod json_stream;
 mod load;
 mod moment;
 mod output;
+mod pipeline;
 mod progress;
 mod size;
+mod text;
 
 use std::process::ExitCode;
 
@@ -82,19 +86,19 @@ fn main() -> ExitCode {
         Command::Completions { shell } => {
             let mut out = Vec::new();
             clap_complete::generate(*shell, &mut <Cli as clap::CommandFactory>::command(), "memsnap", &mut out);
-            cmd::emit_raw(&String::from_utf8_lossy(&out)).map(|()| ExitCode::SUCCESS)
+            emit::emit_raw(&String::from_utf8_lossy(&out)).map(|()| ExitCode::SUCCESS)
         }
         Command::Man => {
             let mut out = Vec::new();
             clap_mangen::Man::new(<Cli as clap::CommandFactory>::command())
                 .render(&mut out)
                 .map_err(anyhow::Error::from)
-                .and_then(|()| cmd::emit_raw(&String::from_utf8_lossy(&out)))
+                .and_then(|()| emit::emit_raw(&String::from_utf8_lossy(&out)))
                 .map(|()| ExitCode::SUCCESS)
         }
     };
     match result {
         Ok(code) => code,
-        Err(e) => cmd::report_error(&e),
+        Err(e) => emit::report_error(&e),
     }
 }

@@ -16,6 +16,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context as _};
 
+use crate::emit::emit_raw;
+
 /// How a name given with `-o` is written.
 #[derive(Debug)]
 pub enum Destination {
@@ -132,4 +134,27 @@ pub fn replace_with(from: &Path, file: &File, to: &Path, keep: Option<Permission
     std::fs::rename(from, to).with_context(|| format!("cannot rename {} to {}", from.display(), to.display()))?;
     sync_dir(to);
     Ok(())
+}
+
+/// What an output holds, for how it is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Content {
+    /// HTML or SVG, which escape their own text: written as it is.
+    Markup,
+    /// Text (folded stacks): with the safety net of [`emit`] (C0 but `\n`, DEL and C1 controls
+    /// escaped), whether it goes to stdout or to a file.
+    Text,
+}
+
+/// Write `text` to `path`, whole or not at all ([`crate::output::write_file`]), or to stdout
+/// for `-`.
+pub fn write_output(path: &Path, text: &str, content: Content) -> anyhow::Result<()> {
+    let text = match content {
+        Content::Markup => std::borrow::Cow::Borrowed(text),
+        Content::Text => memsnap_model::escape_controls(text),
+    };
+    if path.as_os_str() == "-" {
+        return emit_raw(&text);
+    }
+    crate::output::write_file(path, text.as_bytes())
 }

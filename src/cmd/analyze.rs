@@ -5,14 +5,14 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use memsnap_analysis::{Analysis, Category, Moment, Site, Suspect};
+use memsnap_analysis::Moment;
 use memsnap_model::{clip, printable, shown};
-use memsnap_replay::Replay;
 use serde_json::{json, Value};
 
-use crate::cmd::summary::{file_name, lacks};
-use crate::cmd::{emit, shown_path};
-use crate::load::Loaded;
+use crate::emit::{emit, shown_path};
+use crate::json::{site_json, suspect_json};
+use crate::pipeline::{analyze_file, file_name, lacks, Analyzed};
+use crate::text::{category_title, fmt_bytes};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -26,28 +26,6 @@ pub struct Args {
     pub top: usize,
 }
 
-/// Everything the analysis commands share: the loaded file, its replay and its analysis.
-pub struct Analyzed {
-    pub loaded: Loaded,
-    pub replay: Replay,
-    pub analysis: Analysis,
-}
-
-pub fn analyze_file(path: &std::path::Path) -> Result<Analyzed, crate::load::LoadError> {
-    analyze_file_capped(path, None)
-}
-
-/// [`analyze_file`] of an input held to `cap` pickle bytes (see [`crate::load::load_capped`]).
-pub fn analyze_file_capped(path: &std::path::Path, cap: Option<u64>) -> Result<Analyzed, crate::load::LoadError> {
-    let loaded = crate::load::load_capped(path, cap)?;
-    let phase = crate::progress::phase("replaying the allocator");
-    let replay = memsnap_replay::replay(&loaded.snapshot);
-    phase.set_message("analysing");
-    let analysis = memsnap_analysis::analyze(&loaded.snapshot, &replay);
-    phase.finish_and_clear();
-    Ok(Analyzed { loaded, replay, analysis })
-}
-
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let a = analyze_file(&args.file)?;
     if args.json {
@@ -55,35 +33,8 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     } else {
         emit(&analysis_text(&a, args.top))?;
     }
-    crate::cmd::leave(a);
+    crate::emit::leave(a);
     Ok(ExitCode::SUCCESS)
-}
-
-fn fmt_bytes(b: u64) -> String {
-    memsnap_model::format_bytes(b, 2)
-}
-
-fn site_json(s: &Site) -> Value {
-    json!({"filename": s.filename, "line": s.line, "function": s.function})
-}
-
-pub fn suspect_json(s: &Suspect) -> Value {
-    json!({
-        "kind": s.kind.name(),
-        "severity": s.severity.name(),
-        "confidence": (s.confidence * 100.0).round() / 100.0,
-        "device": s.device,
-        "bytes": s.bytes,
-        "bytes_at_peak": s.bytes_at_peak,
-        "growth_bytes_per_iteration": s.growth_bytes_per_iteration,
-        "growth_unit": s.growth_unit.name(),
-        "peak_allocated_bytes_without": s.peak_without,
-        "site": s.site.as_ref().map(site_json),
-        "stack": s.stack.iter().map(site_json).collect::<Vec<_>>(),
-        "evidence": s.evidence,
-        "advice": s.advice,
-        "facts": serde_json::to_value(&s.facts).unwrap_or(Value::Null),
-    })
 }
 
 fn moment_json(m: &Moment, top: usize) -> Value {
@@ -309,15 +260,4 @@ fn analysis_text(a: &Analyzed, top: usize) -> String {
         }
     }
     s
-}
-
-pub fn category_title(c: Category) -> &'static str {
-    match c {
-        Category::PreTrace => "pre-trace (parameters, buffers)",
-        Category::Gradients => "gradients",
-        Category::OptimizerState => "optimizer state",
-        Category::Activations => "activations",
-        Category::Temporaries => "temporaries",
-        Category::Other => "other long-lived",
-    }
 }

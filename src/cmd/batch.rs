@@ -21,12 +21,13 @@ use memsnap_analysis::{Site, Suspect};
 use memsnap_model::{escape_controls, json_safe, printable, shown};
 use serde_json::{json, Value};
 
-use crate::cmd::analyze::{analyze_file_capped, Analyzed};
-use crate::cmd::shown_path;
-use crate::cmd::summary::lacks;
+use crate::emit::shown_path;
 use crate::input::{Compression, EXPANSION_ALLOWANCE, MAX_EXPANSION};
 use crate::load::LoadError;
 use crate::output::{self, Destination};
+use crate::pipeline::analyze_file_capped;
+use crate::pipeline::lacks;
+use crate::pipeline::{device_figures, DeviceFigures};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
@@ -68,44 +69,6 @@ pub struct Args {
     /// Suspects listed per row (the highest ranked).
     #[arg(long, default_value_t = 3, value_name = "N")]
     pub top: usize,
-}
-
-/// The numbers of one device that batch rows, check gates and diff share.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeviceFigures {
-    pub device: u32,
-    /// `memory_allocated()` / `memory_reserved()` at dump.
-    pub allocated_bytes: u64,
-    pub reserved_bytes: u64,
-    /// Largest allocated / reserved bytes over the replayed trace, and never below the dump.
-    pub peak_allocated_bytes: u64,
-    pub peak_reserved_bytes: u64,
-    /// The file has a trace for this device, so the peaks are measured; without one only the
-    /// dump is known and the peaks above are the dump-time values (reported as null in JSON).
-    pub peak_known: bool,
-}
-
-/// Per-device figures, in the analysis' device order (ascending).
-pub fn device_figures(a: &Analyzed) -> Vec<DeviceFigures> {
-    let totals = a.loaded.snapshot.device_totals();
-    a.analysis
-        .devices
-        .iter()
-        .map(|da| {
-            let t = memsnap_model::find_device(&totals, da.device, |t| t.device);
-            let allocated_bytes = t.map_or(0, |t| t.allocated_bytes);
-            let reserved_bytes = t.map_or(0, |t| t.reserved_bytes);
-            let peaks = a.replay.device(da.device).map(|r| r.peaks).unwrap_or_default();
-            DeviceFigures {
-                device: da.device,
-                allocated_bytes,
-                reserved_bytes,
-                peak_allocated_bytes: peaks.allocated.value.max(allocated_bytes),
-                peak_reserved_bytes: peaks.reserved.value.max(reserved_bytes),
-                peak_known: da.peak_known,
-            }
-        })
-        .collect()
 }
 
 /// The reason a file could not be loaded, without the path (the row already says it).

@@ -8,9 +8,9 @@ use std::process::ExitCode;
 
 use memsnap_analysis::{Severity, SuspectKind};
 
-use crate::cmd::analyze::analyze_file;
-use crate::cmd::batch::device_figures;
-use crate::cmd::{emit, shown_path};
+use crate::emit::{emit, shown_path};
+use crate::pipeline::analyze_file;
+use crate::pipeline::device_figures;
 use crate::size;
 
 /// Every suspect kind, in the order the docs list them.

@@ -16,11 +16,14 @@ use memsnap_analysis::{Category, DeviceAnalysis, Moment, Site, Suspect};
 use memsnap_model::printable;
 use serde_json::{json, Value};
 
-use crate::cmd::analyze::{analyze_file, category_title, suspect_json, Analyzed};
-use crate::cmd::batch::{device_figures, DeviceFigures};
-use crate::cmd::summary::{file_name, lacks};
-use crate::cmd::{emit, emit_json, shown_path};
+use crate::emit::{emit, emit_json, shown_path};
+use crate::json::site_json;
+use crate::json::suspect_json;
+use crate::pipeline::{analyze_file, Analyzed};
+use crate::pipeline::{device_figures, DeviceFigures};
+use crate::pipeline::{file_name, lacks};
 use crate::size;
+use crate::text::category_title;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -270,10 +273,6 @@ fn notes(d: &Diff) -> Vec<String> {
         }
     }
     out
-}
-
-fn site_json(s: &Site) -> Value {
-    json!({"filename": s.filename, "line": s.line, "function": s.function})
 }
 
 fn moment_json(b: &Moment, a: &Moment) -> Value {

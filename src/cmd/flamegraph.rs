@@ -9,10 +9,10 @@ use memsnap_analysis::{find_phases, moment, LiveBlock};
 use memsnap_report::text::{fmt_bytes, fmt_count};
 use memsnap_report::{flamegraph_svg, folded_text, live_folded, without_native_frames, FlameOptions};
 
-use crate::cmd::analyze::analyze_file;
-use crate::cmd::report::{write_output, Content};
-use crate::cmd::summary::file_name;
 use crate::moment::At;
+use crate::output::{write_output, Content};
+use crate::pipeline::analyze_file;
+use crate::pipeline::file_name;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -56,7 +56,7 @@ fn folded_output(output: &std::path::Path, folded: bool) -> anyhow::Result<bool>
         _ if output.as_os_str() == "-" => Ok(false),
         _ => anyhow::bail!(
             "{}: cannot tell the format from the extension; use .svg for an SVG, .folded or .txt for folded stacks, or --folded",
-            crate::cmd::shown_path(output)
+            crate::emit::shown_path(output)
         ),
     }
 }
@@ -143,6 +143,6 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     };
     write_output(&args.output, &text, content)?;
     drop(devices);
-    crate::cmd::leave(a);
+    crate::emit::leave(a);
     Ok(ExitCode::SUCCESS)
 }

@@ -7,9 +7,9 @@ use std::process::ExitCode;
 use memsnap_report::timeline::XAxis;
 use memsnap_report::{ReportInput, ReportOptions};
 
-use crate::cmd::analyze::analyze_file;
-use crate::cmd::emit_raw;
-use crate::cmd::summary::{file_name, lacks};
+use crate::output::{write_output, Content};
+use crate::pipeline::analyze_file;
+use crate::pipeline::{file_name, lacks};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
@@ -84,29 +84,6 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     };
     phase.finish_and_clear();
     write_output(&args.output, &text, Content::Markup)?;
-    crate::cmd::leave(a);
+    crate::emit::leave(a);
     Ok(ExitCode::SUCCESS)
-}
-
-/// What an output holds, for how it is written.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Content {
-    /// HTML or SVG, which escape their own text: written as it is.
-    Markup,
-    /// Text (folded stacks): with the safety net of [`emit`] (C0 but `\n`, DEL and C1 controls
-    /// escaped), whether it goes to stdout or to a file.
-    Text,
-}
-
-/// Write `text` to `path`, whole or not at all ([`crate::output::write_file`]), or to stdout
-/// for `-`.
-pub fn write_output(path: &Path, text: &str, content: Content) -> anyhow::Result<()> {
-    let text = match content {
-        Content::Markup => std::borrow::Cow::Borrowed(text),
-        Content::Text => memsnap_model::escape_controls(text),
-    };
-    if path.as_os_str() == "-" {
-        return emit_raw(&text);
-    }
-    crate::output::write_file(path, text.as_bytes())
 }

@@ -8,13 +8,15 @@ use std::process::ExitCode;
 
 use memsnap_analysis::{find_phases, StackTable};
 use memsnap_model::{BlockState, SegmentType, Snapshot, TraceEvent};
-use memsnap_replay::{DeviceReplay, MemoryMap, Replay, SegmentStats, SegmentView};
+use memsnap_replay::{DeviceReplay, MemoryMap, SegmentStats, SegmentView};
 use serde_json::{json, Value};
 
-use crate::cmd::summary::file_name;
-use crate::cmd::{emit, emit_json, shown_path};
+use crate::emit::{emit, emit_json, shown_path};
 use crate::load::load;
 use crate::moment::At;
+use crate::pipeline::file_name;
+use crate::pipeline::select_devices;
+use crate::text::fmt_bytes;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -84,21 +86,6 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
 
 fn events(snap: &Snapshot, device: u32) -> &[TraceEvent] {
     snap.trace(device).map_or(&[], |t| t.events.as_slice())
-}
-
-/// The devices to show: all, or the one asked for.
-pub(crate) fn select_devices(replay: &Replay, device: Option<u32>) -> anyhow::Result<Vec<&DeviceReplay>> {
-    let devices: Vec<&DeviceReplay> =
-        replay.devices.iter().filter(|d| device.is_none() || device == Some(d.device)).collect();
-    match device {
-        Some(want) if devices.is_empty() => anyhow::bail!("device {want} is not in the snapshot"),
-        _ => Ok(devices),
-    }
-}
-
-/// Bytes with a binary unit, two decimals (`20.00 MiB`).
-pub(crate) fn fmt_bytes(b: u64) -> String {
-    memsnap_model::format_bytes(b, 2)
 }
 
 fn type_name(t: SegmentType) -> &'static str {

@@ -5,11 +5,13 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use memsnap_model::{printable, shown, DeviceTotals, Snapshot, TraceFacts};
+use memsnap_model::{printable, shown, DeviceTotals, TraceFacts};
 use serde_json::{json, Value};
 
-use crate::cmd::{emit, shown_path};
+use crate::emit::{emit, shown_path};
 use crate::load::{load_summary, Loaded};
+use crate::pipeline::{file_name, lacks};
+use crate::text::fmt_bytes;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -27,84 +29,8 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     } else {
         emit(&summary_text(&loaded))?;
     }
-    crate::cmd::leave(loaded);
+    crate::emit::leave(loaded);
     Ok(ExitCode::SUCCESS)
-}
-
-/// Caveats about what the file lacks, as short sentences.
-pub fn lacks(snap: &Snapshot) -> Vec<String> {
-    let mut out = Vec::new();
-    let events: u64 = snap.traces.iter().map(|t| t.entries()).sum();
-    if !snap.source.has_trace_key || events == 0 {
-        out.push("no trace: history was not recorded (_record_memory_history) or is empty; only the dump-time state is known".into());
-    } else {
-        if snap.source.events_with_frames == 0 {
-            out.push("no stacks: trace events carry no frames (recorded with stacks=None or context=None)".into());
-        }
-        let (blocks, bytes) = pre_trace_blocks(snap);
-        if blocks > 0 {
-            out.push(format!(
-                "trace starts mid-run: {} ({}, {bytes} bytes) alive at dump were allocated before the first event (recording started late, or the ring buffer wrapped); they have no allocation stack",
-                memsnap_model::count_of(blocks, "block"),
-                memsnap_model::format_bytes(bytes, 2)
-            ));
-        }
-        let untimed: u64 = snap.trace_facts().iter().map(|f| f.events_without_time).sum();
-        if untimed > 0 {
-            out.push(format!("{untimed} trace events have no time_us (torch < 2.2 or a profiler-made file)"));
-        }
-    }
-    let saturated: Vec<String> =
-        snap.device_totals().iter().filter(|t| t.saturated).map(|t| t.device.to_string()).collect();
-    if !saturated.is_empty() {
-        out.push(format!(
-            "sizes add up past 2^64 - 1 bytes on device {}: those totals are held at 18446744073709551615 (no real snapshot comes near)",
-            saturated.join(", ")
-        ));
-    }
-    if snap.source.has_cpp_frames {
-        out.push(
-            "C++ stacks present (stacks=\"all\"): native frames are shown but never named as the user's site".into(),
-        );
-    }
-    if snap.source.legacy_history {
-        out.push("legacy format (torch <= 2.0): block history instead of frames".into());
-    }
-    if snap.source.bare_segment_list {
-        out.push("bare list of segments: no trace, no settings".into());
-    }
-    if snap.source.derived_addresses > 0 {
-        out.push(format!(
-            "{} blocks had no address; derived from segment address + sizes",
-            snap.source.derived_addresses
-        ));
-    }
-    out
-}
-
-/// Blocks allocated at dump time that have no `alloc` event in their device's trace: they
-/// predate the trace. Returns (blocks, bytes).
-pub fn pre_trace_blocks(snap: &Snapshot) -> (u64, u64) {
-    use memsnap_model::BlockState;
-    let mut blocks = 0;
-    let mut bytes = 0;
-    // Allocation addresses per device, built once (a file may list many devices).
-    let allocs: std::collections::HashMap<u32, Vec<u64>> =
-        snap.traces.iter().filter(|tr| tr.entries() > 0).map(|tr| (tr.device, tr.alloc_addresses())).collect();
-    for seg in &snap.segments {
-        let Some(seen) = allocs.get(&seg.device) else { continue };
-        for b in &seg.blocks {
-            if b.state == BlockState::Allocated && seen.binary_search(&b.address).is_err() {
-                blocks += 1;
-                bytes += b.size;
-            }
-        }
-    }
-    (blocks, bytes)
-}
-
-fn fmt_bytes(b: u64) -> String {
-    memsnap_model::format_bytes(b, 2)
 }
 
 fn fmt_time(us: Option<i64>) -> String {
@@ -299,11 +225,4 @@ fn summary_fields(l: &Loaded) -> Value {
         "unknown_keys": snap.source.unknown_keys,
         "unknown_actions": snap.source.unknown_actions,
     })
-}
-
-pub fn file_name(p: &std::path::Path) -> String {
-    if p.as_os_str() == "-" {
-        return "-".into();
-    }
-    p.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| p.display().to_string())
 }

@@ -9,10 +9,11 @@ use memsnap_model::TraceEvent;
 use memsnap_replay::{DeviceReplay, Peak};
 use serde_json::{json, Value};
 
-use crate::cmd::segments::{fmt_bytes, select_devices};
-use crate::cmd::summary::file_name;
-use crate::cmd::{emit, emit_json, shown_path};
+use crate::emit::{emit, emit_json, shown_path};
 use crate::load::load;
+use crate::pipeline::file_name;
+use crate::pipeline::select_devices;
+use crate::text::fmt_bytes;
 
 #[derive(clap::Args)]
 pub struct Args {

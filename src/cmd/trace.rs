@@ -9,9 +9,10 @@ use std::process::ExitCode;
 use memsnap_model::{classify_filename, shown, Action, FrameKind, Snapshot, StackId};
 use memsnap_replay::DeviceReplay;
 
-use crate::cmd::segments::{fmt_bytes, select_devices};
-use crate::cmd::{emit, shown_path};
+use crate::emit::{emit, shown_path};
 use crate::load::load;
+use crate::pipeline::select_devices;
+use crate::text::fmt_bytes;
 
 #[derive(clap::Args)]
 pub struct Args {
