@@ -382,3 +382,32 @@ fn analyze_json_is_identical_for_one_and_several_threads() {
         }
     }
 }
+
+/// Text output is for reading: times after the trace start, sizes humanised with the exact
+/// count beside them, "1 block" not "1 blocks", and evidence wrapped to `$COLUMNS` (one line
+/// per paragraph without it, as in a pipe).
+#[test]
+fn analyze_text_reads_as_prose() {
+    let file = fixture("dev/s03_loss_history_leak.pickle.xz");
+    let args = ["analyze", file.to_str().unwrap()];
+    let plain = common::memsnap(&args);
+    assert_eq!(plain.code, Some(0), "{}", plain.stderr);
+    assert!(plain.stdout.contains(", time +0.357383 s;"), "{}", plain.stdout);
+    assert!(!plain.stdout.contains(" us;"), "epoch microseconds in text: {}", plain.stdout);
+    assert!(plain.stdout.contains("uncertain at start: 0 bytes"), "{}", plain.stdout);
+    assert!(!plain.stdout.lines().any(|l| l.contains(" 1 blocks")), "{}", plain.stdout);
+    let evidence = plain.stdout.lines().find(|l| l.trim_start().starts_with("evidence:")).expect("an evidence line");
+    assert!(evidence.len() > 200, "unwrapped without COLUMNS: {evidence}");
+
+    let narrow = common::memsnap_env(None, &args, None, &[("COLUMNS", "72")]);
+    assert_eq!(narrow.code, Some(0), "{}", narrow.stderr);
+    let (verdict, _) = narrow.stdout.split_once("\nDEVICE").unwrap();
+    let (_, suspects) = verdict.split_once("VERDICT\n").unwrap();
+    for line in suspects.lines().filter(|l| !l.trim_start().starts_with("at ") && !l.contains("] (confidence")) {
+        assert!(line.chars().count() <= 72 || !line.trim().contains(' '), "line past 72 columns: {line:?}");
+    }
+    // Wrapping moves words, never changes them.
+    let words = |s: &str| s.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+    assert_eq!(words(&narrow.stdout), words(&plain.stdout));
+    assert!(narrow.stdout.lines().count() > plain.stdout.lines().count() + 5);
+}

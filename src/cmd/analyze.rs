@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use crate::emit::{emit, shown_path};
 use crate::json::{site_json, suspect_json};
 use crate::pipeline::{analyze_file, file_name, lacks, Analyzed};
-use crate::text::{category_title, fmt_bytes};
+use crate::text::{blocks_word, bytes_exact, category_title, fmt_bytes, since_start, trace_origin, wrap, wrap_width};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -136,6 +136,7 @@ fn analysis_text(a: &Analyzed, top: usize) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "memsnap analyze: {}", shown_path(&a.loaded.path));
     let suspects = a.analysis.suspects();
+    let width = wrap_width();
     let _ = writeln!(s, "\nVERDICT");
     if suspects.is_empty() {
         let _ = writeln!(s, "  No suspects: no leak, fragmentation or OOM found.");
@@ -159,12 +160,13 @@ fn analysis_text(a: &Analyzed, top: usize) -> String {
             growth,
             site
         );
-        let _ = writeln!(s, "     evidence: {}", printable(&sp.evidence));
-        let _ = writeln!(s, "     fix: {}", printable(&sp.advice));
+        let _ = writeln!(s, "{}", wrap("     evidence: ", &printable(&sp.evidence), 15, width));
+        let _ = writeln!(s, "{}", wrap("     fix: ", &printable(&sp.advice), 10, width));
     }
     for da in &a.analysis.devices {
         let r = a.replay.device(da.device);
         let _ = writeln!(s, "\nDEVICE {}", da.device);
+        let origin = snap.trace(da.device).and_then(|t| trace_origin(&t.events));
         if let Some(r) = r {
             let pk = r.peaks.allocated;
             let _ = writeln!(
@@ -173,16 +175,16 @@ fn analysis_text(a: &Analyzed, top: usize) -> String {
                 fmt_bytes(pk.value),
                 pk.value,
                 pk.event_index.map_or("-".into(), |i| i.to_string()),
-                pk.time_us.map_or(String::new(), |t| format!(", time {t} us")),
+                pk.time_us.zip(origin).map_or(String::new(), |(t, o)| format!(", time {}", since_start(t, o))),
                 fmt_bytes(r.peaks.reserved.value),
                 r.peaks.reserved.value
             );
             let _ = writeln!(
                 s,
-                "  replay matches snapshot: {}; trace complete: {}; uncertain bytes at start: {}",
+                "  replay matches snapshot: {}; trace complete: {}; uncertain at start: {}",
                 if r.check.matches_snapshot { "yes" } else { "NO" },
                 if r.start.trace_complete { "yes" } else { "no" },
-                r.start.uncertain_bytes
+                bytes_exact(r.start.uncertain_bytes)
             );
         }
         let p = &da.phases;
@@ -211,9 +213,10 @@ fn analysis_text(a: &Analyzed, top: usize) -> String {
             for site in m.by_site.iter().take(top) {
                 let _ = writeln!(
                     s,
-                    "    {:>12}  {:>6} blocks  {}",
+                    "    {:>12}  {:>6} {}  {}",
                     fmt_bytes(site.bytes),
                     site.blocks,
+                    blocks_word(site.blocks),
                     printable(&site.label)
                 );
             }
@@ -221,9 +224,10 @@ fn analysis_text(a: &Analyzed, top: usize) -> String {
                 let rest = &m.by_site[top..];
                 let _ = writeln!(
                     s,
-                    "    {:>12}  {:>6} blocks  ({} more sites)",
+                    "    {:>12}  {:>6} {}  ({} more sites)",
                     fmt_bytes(rest.iter().map(|x| x.bytes).sum()),
                     rest.iter().map(|x| x.blocks).sum::<u64>(),
+                    blocks_word(rest.iter().map(|x| x.blocks).sum()),
                     rest.len()
                 );
             }
@@ -248,7 +252,7 @@ fn analysis_text(a: &Analyzed, top: usize) -> String {
         if !da.caveats.is_empty() {
             let _ = writeln!(s, "\n  Caveats:");
             for c in &da.caveats {
-                let _ = writeln!(s, "    - {}", printable(c));
+                let _ = writeln!(s, "{}", wrap("    - ", &printable(c), 6, width));
             }
         }
     }
@@ -256,7 +260,7 @@ fn analysis_text(a: &Analyzed, top: usize) -> String {
     if !file_caveats.is_empty() {
         let _ = writeln!(s, "\nFILE CAVEATS");
         for c in file_caveats {
-            let _ = writeln!(s, "  - {}", printable(&c));
+            let _ = writeln!(s, "{}", wrap("  - ", &printable(&c), 4, width));
         }
     }
     s

@@ -16,7 +16,7 @@ use crate::load::load;
 use crate::moment::At;
 use crate::pipeline::file_name;
 use crate::pipeline::select_devices;
-use crate::text::fmt_bytes;
+use crate::text::{fmt_bytes, since_start, trace_origin};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -109,8 +109,12 @@ fn moment_line(snap: &Snapshot, d: &DeviceReplay, m: &MemoryMap) -> String {
     match m.event_index {
         None => "before the first event".into(),
         Some(i) => {
-            let e = &events(snap, d.device)[i];
-            let time = if e.has_time() { format!(" at {} us", e.time_us) } else { String::new() };
+            let events = events(snap, d.device);
+            let e = &events[i];
+            let time = match (e.has_time(), trace_origin(events)) {
+                (true, Some(origin)) => format!(" at {}", since_start(e.time_us, origin)),
+                _ => String::new(),
+            };
             format!("after event {i} of {} ({}){time}", d.event_count, e.action.name())
         }
     }

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use crate::emit::{emit, shown_path};
 use crate::load::{load_summary, Loaded};
 use crate::pipeline::{file_name, lacks};
-use crate::text::fmt_bytes;
+use crate::text::{fmt_bytes, since_start, utc};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -31,13 +31,6 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     }
     crate::emit::leave(loaded);
     Ok(ExitCode::SUCCESS)
-}
-
-fn fmt_time(us: Option<i64>) -> String {
-    match us {
-        Some(t) => format!("{t} us"),
-        None => "-".into(),
-    }
 }
 
 fn summary_text(l: &Loaded) -> String {
@@ -115,16 +108,19 @@ fn summary_text(l: &Loaded) -> String {
             (Some(a), Some(b)) => format!("{:.3} s", (b - a) as f64 / 1e6),
             _ => "-".into(),
         };
+        let first = f.first_time_us.map_or(String::new(), |t| format!(" at {}", utc(t)));
+        let last = match (f.first_time_us, f.last_time_us) {
+            (Some(a), Some(b)) => format!(" at {}", since_start(b, a)),
+            _ => String::new(),
+        };
         let _ = writeln!(
             s,
-            "  device {}: {} entries, span {}, first {} at {}, last {} at {}",
+            "  device {}: {} entries, span {}, first {}{first}, last {}{last}",
             f.device,
             f.entries,
             span,
             f.first_action.map_or("-", |a| a.name()),
-            fmt_time(f.first_time_us),
             f.last_action.map_or("-", |a| a.name()),
-            fmt_time(f.last_time_us)
         );
         if !f.actions.is_empty() {
             let parts: Vec<String> = f.actions.iter().map(|(a, c)| format!("{} {}", a.name(), c)).collect();

@@ -13,7 +13,7 @@ use crate::emit::{emit, emit_json, shown_path};
 use crate::load::load;
 use crate::pipeline::file_name;
 use crate::pipeline::select_devices;
-use crate::text::fmt_bytes;
+use crate::text::{fmt_bytes, since_start, trace_origin};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -75,14 +75,15 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     }
     for d in devices {
         let events = events_of(d);
+        let origin = trace_origin(events);
         if !args.csv {
             header(&mut out, d, events);
         }
         for i in kept(d.event_count, every) {
             let e = &events[i];
             let t = d.series.after(Some(i));
-            let time = if e.has_time() { e.time_us.to_string() } else { String::new() };
             if args.csv {
+                let time = if e.has_time() { e.time_us.to_string() } else { String::new() };
                 let _ = writeln!(
                     out,
                     "{},{i},{time},{},{},{},{},{}",
@@ -94,14 +95,18 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
                     t.requested
                 );
             } else {
+                let time = match origin {
+                    Some(o) if e.has_time() => since_start(e.time_us, o),
+                    _ => String::new(),
+                };
                 let _ = writeln!(
                     out,
-                    "{i:>10} {time:>17}  {:<15}{:>15}{:>15}{:>15}{:>15}",
+                    "{i:>10} {time:>17}  {:<15}{:>12}{:>12}{:>12}{:>12}",
                     e.action.name(),
-                    t.allocated,
-                    t.reserved,
-                    t.active,
-                    t.requested
+                    fmt_bytes(t.allocated),
+                    fmt_bytes(t.reserved),
+                    fmt_bytes(t.active),
+                    fmt_bytes(t.requested)
                 );
             }
             if out.len() >= PIECE {
@@ -124,12 +129,12 @@ fn header(out: &mut String, d: &DeviceReplay, events: &[TraceEvent]) {
     let _ = writeln!(out, "\ndevice {}: {}", d.device, memsnap_model::count_of(d.event_count as u64, "event"));
     let _ = writeln!(
         out,
-        "  start: allocated {}, reserved {}; trace complete: {}; uncertain at start: {} in {} blocks",
+        "  start: allocated {}, reserved {}; trace complete: {}; uncertain at start: {} in {}",
         fmt_bytes(d.series.start.allocated),
         fmt_bytes(d.series.start.reserved),
         if s.trace_complete { "yes" } else { "no" },
         fmt_bytes(s.uncertain_bytes),
-        s.uncertain_blocks.len()
+        memsnap_model::count_of(s.uncertain_blocks.len() as u64, "block")
     );
     let _ = writeln!(
         out,
@@ -143,12 +148,12 @@ fn header(out: &mut String, d: &DeviceReplay, events: &[TraceEvent]) {
         ("active", d.peaks.active),
         ("requested", d.peaks.requested),
     ] {
-        let _ = writeln!(out, "  peak {name:<10} {:>12} ({} B) {}", fmt_bytes(p.value), p.value, when(&p, events));
+        let _ = writeln!(out, "  peak {name:<10} {:>12} ({} bytes) {}", fmt_bytes(p.value), p.value, when(&p, events));
     }
     let _ = writeln!(
         out,
-        "\n{:>10} {:>17}  {:<15}{:>15}{:>15}{:>15}{:>15}",
-        "event", "time_us", "action", "allocated", "reserved", "active", "requested"
+        "\n{:>10} {:>17}  {:<15}{:>12}{:>12}{:>12}{:>12}",
+        "event", "time", "action", "allocated", "reserved", "active", "requested"
     );
 }
 
@@ -158,7 +163,7 @@ fn when(p: &Peak, events: &[TraceEvent]) -> String {
         Some(i) => format!(
             "after event {i} ({}){}",
             events[i].action.name(),
-            p.time_us.map_or(String::new(), |t| format!(" at {t} us"))
+            p.time_us.zip(trace_origin(events)).map_or(String::new(), |(t, o)| format!(" at {}", since_start(t, o)))
         ),
     }
 }

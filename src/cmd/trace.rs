@@ -45,7 +45,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             start_note(d)
         );
         if let Some(t) = first_time {
-            let _ = writeln!(out, "times are seconds after the first event ({t} us since the epoch)");
+            let _ = writeln!(out, "times are seconds after the first event, {}", crate::text::utc(t));
         }
         let _ = writeln!(
             out,
@@ -91,8 +91,9 @@ fn start_note(d: &DeviceReplay) -> String {
         return String::new();
     }
     let mut note = format!(
-        " (recording began mid-run: {} segments and {} blocks existed before the first event",
-        s.segments, s.blocks
+        " (recording began mid-run: {} and {} existed before the first event",
+        memsnap_model::count_of(s.segments as u64, "segment"),
+        memsnap_model::count_of(s.blocks as u64, "block")
     );
     if s.uncertain_bytes > 0 {
         let _ = write!(note, "; their sizes are uncertain by up to {}", fmt_bytes(s.uncertain_bytes));

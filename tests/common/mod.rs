@@ -43,8 +43,15 @@ pub fn fixture(rel: &str) -> PathBuf {
 
 /// Run `memsnap ARGS` in `dir` (the repository root when `None`), feeding `stdin` if given.
 pub fn memsnap_in(dir: Option<&Path>, args: &[&str], stdin: Option<&[u8]>) -> Run {
+    memsnap_env(dir, args, stdin, &[])
+}
+
+/// [`memsnap_in`] with environment variables set. `COLUMNS` (which wraps text output) is
+/// removed unless given, so a test's output does not depend on the shell that runs it.
+pub fn memsnap_env(dir: Option<&Path>, args: &[&str], stdin: Option<&[u8]>, env: &[(&str, &str)]) -> Run {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_memsnap"));
     cmd.args(args).current_dir(dir.map(Path::to_path_buf).unwrap_or_else(root));
+    cmd.env_remove("COLUMNS").envs(env.iter().copied());
     cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     let start = Instant::now();
