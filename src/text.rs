@@ -105,7 +105,7 @@ pub fn wrap(first: &str, text: &str, indent: usize, width: Option<usize>) -> Str
         let len = word.chars().count();
         if !at_line_start && col + 1 + len > width {
             out.push('\n');
-            out.extend(std::iter::repeat(' ').take(indent));
+            out.push_str(&" ".repeat(indent));
             col = indent;
             at_line_start = true;
         }
