@@ -24,7 +24,13 @@ static ALLOCATOR: alloc::ExitOnFailure = alloc::ExitOnFailure;
 
 /// Offline analyzer for PyTorch CUDA memory snapshots (`torch.cuda.memory._dump_snapshot`).
 #[derive(Parser)]
-#[command(name = "memsnap", version, about, long_about = None)]
+#[command(
+    name = "memsnap",
+    version,
+    about,
+    long_about = None,
+    after_help = "Start with `memsnap analyze FILE`. The manual is in the binary: `memsnap docs` lists its topics."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -40,24 +46,34 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Totals per device, segments by pool, blocks by state, trace coverage, allocator settings.
+    #[command(after_help = "Example:\n  memsnap summary run.pickle          (or run.pickle.xz, or - for stdin)")]
     Summary(cmd::summary::Args),
     /// Replay the trace and name the suspects (leaks, fragmentation, OOMs) at the user's line.
+    #[command(after_help = "Example:\n  memsnap analyze rank0.pickle --json > analysis.json")]
     Analyze(cmd::analyze::Args),
     /// Allocated/reserved/active/requested bytes over time.
+    #[command(after_help = "Example:\n  memsnap timeline run.pickle --csv --every 100 > timeline.csv")]
     Timeline(cmd::timeline::Args),
     /// Segment map with per-segment allocated, free and fragmentation.
+    #[command(after_help = "Example:\n  memsnap segments run.pickle --at peak        (start, end, oom, event:N, +1.5s, iteration:K)")]
     Segments(cmd::segments::Args),
     /// The trace as readable events, stacks summarised to the user's frame.
+    #[command(after_help = "Example:\n  memsnap trace run.pickle --device 0 | less")]
     Trace(cmd::trace::Args),
     /// Self-contained HTML or SVG report: verdict, timeline, segment map, flamegraph.
+    #[command(after_help = "Example:\n  memsnap report run.pickle -o report.html")]
     Report(cmd::report::Args),
     /// Live memory by stack as folded stacks or an SVG flamegraph.
+    #[command(after_help = "Example:\n  memsnap flamegraph run.pickle --at peak -o peak.svg")]
     Flamegraph(cmd::flamegraph::Args),
     /// One row per snapshot over files, directories and globs (JSONL or CSV).
+    #[command(after_help = "Example:\n  memsnap batch dumps/ -o rows.csv --jobs 4")]
     Batch(cmd::batch::Args),
     /// CI gate: exit 1 when a limit is exceeded or a suspect kind is found.
+    #[command(after_help = "Example:\n  memsnap check run.pickle --max-peak 20GiB --fail-on leaks")]
     Check(cmd::check::Args),
     /// Compare two snapshots: peaks, sites, categories, suspects.
+    #[command(after_help = "Example:\n  memsnap diff before.pickle after.pickle")]
     Diff(cmd::diff::Args),
     /// Print a shell completion script: `memsnap completions bash > /etc/bash_completion.d/memsnap`.
     Completions {
@@ -66,6 +82,9 @@ enum Command {
     },
     /// Print the man page (roff): `memsnap man > /usr/local/share/man/man1/memsnap.1`.
     Man,
+    /// Print a manual page of the bundled documentation: `memsnap docs json` (no topic: the list).
+    #[command(after_help = "Example:\n  memsnap docs detectors | less")]
+    Docs(cmd::docs::Args),
 }
 
 fn main() -> ExitCode {
@@ -83,6 +102,7 @@ fn main() -> ExitCode {
         Command::Batch(a) => cmd::batch::run(a),
         Command::Check(a) => cmd::check::run(a),
         Command::Diff(a) => cmd::diff::run(a),
+        Command::Docs(a) => cmd::docs::run(a),
         Command::Completions { shell } => {
             let mut out = Vec::new();
             clap_complete::generate(*shell, &mut <Cli as clap::CommandFactory>::command(), "memsnap", &mut out);
@@ -100,5 +120,52 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => emit::report_error(&e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::Cli;
+
+    /// Every command's help ends with an example, and the example is a command line that
+    /// parses (up to a pipe, a redirection or a parenthesised note).
+    #[test]
+    fn every_command_has_an_example_that_parses() {
+        let cli = Cli::command();
+        let mut checked = 0;
+        for sub in cli.get_subcommands().filter(|s| !matches!(s.get_name(), "completions" | "man" | "help")) {
+            let help = sub.get_after_help().map(|h| h.to_string()).unwrap_or_default();
+            let line = help
+                .strip_prefix("Example:\n  ")
+                .unwrap_or_else(|| panic!("`memsnap {}` has no example: {help:?}", sub.get_name()));
+            let words: Vec<&str> =
+                line.split_whitespace().take_while(|w| !matches!(*w, "|" | ">" | "<") && !w.starts_with('(')).collect();
+            assert_eq!(words.get(1), Some(&sub.get_name()), "{line}");
+            if let Err(e) = Cli::try_parse_from(&words) {
+                panic!("the example of `memsnap {}` does not parse: {line}\n{e}", sub.get_name());
+            }
+            checked += 1;
+        }
+        assert!(checked >= 11, "{checked}");
+    }
+
+    /// Every page `memsnap docs` lists is a page of the repository's docs/, and every page
+    /// there but the developers' own is listed.
+    #[test]
+    fn docs_pages_are_the_repository_docs() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs");
+        let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.strip_suffix(".md").map(str::to_string))
+            .collect();
+        on_disk.sort();
+        let mut listed: Vec<String> = crate::cmd::docs::PAGES.iter().map(|p| p.0.to_string()).collect();
+        listed.sort();
+        assert_eq!(listed, on_disk);
+        for (name, _, page) in crate::cmd::docs::PAGES {
+            assert_eq!(*page, std::fs::read_to_string(dir.join(format!("{name}.md"))).unwrap());
+        }
     }
 }

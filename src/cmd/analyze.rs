@@ -18,7 +18,7 @@ use crate::text::{blocks_word, bytes_exact, category_title, fmt_bytes, since_sta
 pub struct Args {
     /// Snapshot file (`-` for stdin); gzip, zstd and xz are detected by content.
     pub file: PathBuf,
-    /// Machine-readable output (see docs/json.md).
+    /// Machine-readable output (`memsnap docs json`).
     #[arg(long)]
     pub json: bool,
     /// Sites listed per moment in the text output.

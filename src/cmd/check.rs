@@ -36,8 +36,6 @@ pub struct Args {
     pub fail_on: Vec<String>,
 }
 
-/// The kinds named by `--fail-on`, in [`KINDS`] order; an unknown name is an error that lists
-/// the valid ones.
 /// What `--fail-on` names: suspect kinds and severities. A suspect fails the gate when its kind
 /// or its severity is named.
 #[derive(Debug, Default, PartialEq, Eq)]

@@ -31,7 +31,7 @@ pub struct Args {
     pub before: PathBuf,
     /// The snapshot to compare with it (`-` for stdin, if BEFORE is not).
     pub after: PathBuf,
-    /// Machine-readable output (see docs/diff.md).
+    /// Machine-readable output (`memsnap docs diff`).
     #[arg(long)]
     pub json: bool,
     /// Sites listed per moment in the text output (JSON lists every changed site).

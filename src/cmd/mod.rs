@@ -5,6 +5,7 @@ pub mod analyze;
 pub mod batch;
 pub mod check;
 pub mod diff;
+pub mod docs;
 pub mod flamegraph;
 pub mod report;
 pub mod segments;

@@ -27,7 +27,7 @@ pub struct Args {
     /// `iteration:K` or `us:EPOCH` (the layout after the last event at or before it).
     #[arg(long, default_value = "end", value_parser = crate::moment::parse)]
     pub at: At,
-    /// Machine-readable output (see docs/json.md), blocks included.
+    /// Machine-readable output (`memsnap docs json`), blocks included.
     #[arg(long)]
     pub json: bool,
     /// Only this device.

@@ -17,7 +17,7 @@ use crate::text::{fmt_bytes, since_start, utc};
 pub struct Args {
     /// Snapshot file (`-` for stdin); gzip, zstd and xz are detected by content.
     pub file: PathBuf,
-    /// Machine-readable output (see docs/json.md).
+    /// Machine-readable output (`memsnap docs json`).
     #[arg(long)]
     pub json: bool,
 }

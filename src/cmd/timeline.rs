@@ -22,7 +22,7 @@ pub struct Args {
     /// One CSV row per event: device,event,time_us,action,allocated,reserved,active,requested.
     #[arg(long, conflicts_with = "json")]
     pub csv: bool,
-    /// Machine-readable output (see docs/json.md): per device, columns of equal length.
+    /// Machine-readable output (`memsnap docs json`): per device, columns of equal length.
     #[arg(long)]
     pub json: bool,
     /// Keep every Nth event (and always the last); the peaks are computed over all events.
