@@ -5,13 +5,14 @@ use memsnap_model::{Action, Segment, Snapshot, TraceEvent};
 use rayon::prelude::*;
 
 use crate::check::self_check;
+use crate::effects::{Delta, Effects};
 use crate::output::{
     BlockLifetime, DeviceReplay, DiagnosticKind, Log, SegmentLifetime, StartState, Totals, MAX_DIAGNOSTICS,
 };
 use crate::rules::Rules;
 use crate::series::build_series;
 use crate::start::{reserved_at_start, Meta, Reserved};
-use crate::unit::{replay_group, Effects, EndSegment, GroupOutcome, Outcome, Unit, NO_UNIT};
+use crate::unit::{replay_group, EndSegment, GroupOutcome, Outcome, Unit, NO_UNIT};
 
 /// Each group reads the whole trace once, so more groups than cores only costs.
 const MAX_GROUPS: usize = 64;
@@ -82,8 +83,9 @@ pub(crate) fn replay_device(snapshot: &Snapshot, device: u32, final_indices: &[u
     start.trace_complete = !events.is_empty() && start.segments == 0;
 
     let by_unit: Vec<&Outcome> = place.iter().map(|&(g, k)| &outcomes[g as usize].outcomes[k as usize]).collect();
+    let chunk_sums: Vec<&[Delta]> = outcomes.iter().map(|g| &g.chunk_sums[..]).collect();
     let ((series, mut peaks), blocks) =
-        rayon::join(|| build_series(events, effects, &outcomes, start_totals), || lifetimes(&owner, &by_unit));
+        rayon::join(|| build_series(events, effects, &chunk_sums, start_totals), || lifetimes(&owner, &by_unit));
     drop(owner);
     floor_at_dump(&mut peaks, device, &finals, events);
 

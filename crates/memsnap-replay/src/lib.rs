@@ -25,6 +25,7 @@
 
 mod check;
 mod device;
+mod effects;
 mod layout;
 mod output;
 mod rules;

@@ -11,18 +11,16 @@ use std::sync::atomic::Ordering::Relaxed;
 use memsnap_model::TraceEvent;
 use rayon::prelude::*;
 
+use crate::effects::{add, Delta, Effect, Effects, CHUNK};
 use crate::output::{Peak, Peaks, Series, Totals};
-use crate::unit::{add, Delta, Effect, Effects, GroupOutcome};
-
-/// Events per chunk: large enough to amortise the per-chunk work, small enough to balance.
-pub(crate) const CHUNK: usize = 1 << 16;
 
 /// The series from the events' effects, which it consumes: their columns become the allocated
-/// and active series.
+/// and active series. `chunk_sums` holds, per group of units, the sum of its deltas over each
+/// chunk of [`CHUNK`] events.
 pub(crate) fn build_series(
     events: &[TraceEvent],
     effects: Effects,
-    groups: &[GroupOutcome],
+    chunk_sums: &[&[Delta]],
     start: Totals,
 ) -> (Series, Peaks) {
     let chunks = events.len().div_ceil(CHUNK);
@@ -30,8 +28,8 @@ pub(crate) fn build_series(
     let mut chunk_starts: Vec<Delta> = Vec::with_capacity(chunks);
     for c in 0..chunks {
         chunk_starts.push(running);
-        for g in groups {
-            add(&mut running, g.chunk_sums[c]);
+        for sums in chunk_sums {
+            add(&mut running, sums[c]);
         }
     }
 
