@@ -4,10 +4,9 @@
 use memsnap_model::{FrameId, Snapshot, StackId, TraceEvent};
 use memsnap_replay::BlockLifetime;
 
-use crate::graph::short_path;
 use crate::phases::Phases;
+use crate::site::short_of;
 use crate::stacks::StackTable;
-use memsnap_model::clip;
 
 /// Attribution of one block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -32,9 +31,10 @@ pub enum Category {
     Gradients,
     OptimizerState,
     Activations,
-    /// Short-lived allocations outside the forward pass, backward gradients and optimizer.
+    /// Short-lived allocations outside forward passes: backward scratch freed within its backward
+    /// pass, optimizer-step scratch, and other tensors freed in the iteration that made them.
     Temporaries,
-    /// Long-lived allocations of the user's own code outside those phases.
+    /// Long-lived allocations outside those phases: never freed, or freed in a later iteration.
     Other,
 }
 
@@ -97,7 +97,7 @@ impl AllocPhase {
     }
 }
 
-/// The phase that allocated `b`.
+/// The phase that allocated `b`, attributed `attr` (by [`attribute`]).
 pub fn alloc_phase(
     events: &[TraceEvent],
     phases: &Phases,
@@ -204,37 +204,6 @@ pub fn categorize(
             }
         }
     }
-}
-
-/// A site as plain data.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
-pub struct Site {
-    pub filename: String,
-    pub line: u32,
-    pub function: String,
-}
-
-impl Site {
-    pub fn of(snap: &Snapshot, f: FrameId) -> Site {
-        let fr = snap.frame(f);
-        Site { filename: snap.str(fr.filename).to_string(), line: fr.line, function: snap.str(fr.name).to_string() }
-    }
-
-    /// `file.py:12 (function)` with the path shortened to its last components. A label for
-    /// people: the file and function names are [`clip`]ped (the full ones stay in the fields).
-    pub fn short(&self) -> String {
-        short_text(&self.filename, self.line, &self.function)
-    }
-}
-
-fn short_text(filename: &str, line: u32, function: &str) -> String {
-    format!("{}:{} ({})", clip(short_path(filename)), line, clip(function))
-}
-
-/// [`Site::short`] of a frame, without copying its names first.
-fn short_of(snap: &Snapshot, f: FrameId) -> String {
-    let fr = snap.frame(f);
-    short_text(snap.str(fr.filename), fr.line, snap.str(fr.name))
 }
 
 /// A readable label for an attribution.

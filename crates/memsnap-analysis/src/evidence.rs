@@ -5,7 +5,7 @@ use std::cmp::Ordering;
 
 use serde::Serialize;
 
-use crate::attribution::Site;
+use crate::site::Site;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]

@@ -14,6 +14,7 @@ use petgraph::visit::EdgeRef;
 use petgraph::Direction;
 
 use crate::attribution::Attr;
+use crate::site::short_path;
 use crate::stacks::StackTable;
 
 /// A node of the memory graph.
@@ -203,17 +204,4 @@ pub fn frame_label(snap: &Snapshot, stacks: &StackTable, f: FrameId, mark_user: 
     // Folded-stack syntax reserves ';' and the trailing space before the count.
     let clean = |s: &str| clip(s).replace([';', '\n'], ",");
     format!("{mark}{} ({}:{})", clean(snap.str(fr.name)), clean(short_path(snap.str(fr.filename))), fr.line)
-}
-
-/// The last three components of a path: enough to recognise `torch/nn/functional.py` or the
-/// user's `train.py`, short enough to read.
-pub fn short_path(p: &str) -> &str {
-    let mut cut = p.len();
-    for _ in 0..3 {
-        match p[..cut].rfind('/') {
-            Some(i) => cut = i,
-            None => return p,
-        }
-    }
-    &p[cut + 1..]
 }

@@ -16,6 +16,7 @@ mod graph;
 mod lifecycle;
 mod phases;
 mod render;
+mod site;
 mod stacks;
 mod thresholds;
 
@@ -25,16 +26,16 @@ use memsnap_model::{BlockState, Snapshot, StackId};
 use memsnap_replay::{DeviceReplay, Replay};
 use rayon::prelude::*;
 
-pub use attribution::{alloc_phase, attr_label, attribute, categorize, AllocPhase, Attr, Category, Site};
+pub use attribution::{alloc_phase, attr_label, attribute, categorize, AllocPhase, Attr, Category};
 pub use detectors::{Context, Detector, Finding, REGISTRY};
 pub use evidence::{
     rank, Evidence, GradientHold, GraphHold, Holder, IterationsBy, LeakOrigin, Occurrence, OomCause, Severity, Suspect,
     SuspectKind,
 };
-pub use graph::{frame_label, short_path, LiveBlock, MemoryGraph, Node, AUTOGRAD, NO_FRAMES, PRE_TRACE};
+pub use graph::{frame_label, LiveBlock, MemoryGraph, Node, AUTOGRAD, NO_FRAMES, PRE_TRACE};
 pub use lifecycle::{lifecycle, BlockFate, Lifecycle, Unit, UnitBlock, UnitFate};
 pub use phases::{find_phases, Backward, ForwardPass, IterationSource, Phases, Span};
-pub use render::fmt_bytes;
+pub use site::{short_path, Site};
 pub use stacks::{StackInfo, StackTable};
 pub use thresholds::Thresholds;
 
@@ -213,9 +214,13 @@ fn analyze_device(
             .push("no trace for this device: only the dump-time state is known, no leak can be measured".to_string());
     } else {
         if !d.start.trace_complete {
+            let n = d.start.blocks as u64;
             caveats.push(format!(
-                "trace starts mid-run: {} blocks existed before the first event ({} bytes of their sizes are uncertain); they have no allocation stack",
-                d.start.blocks, d.start.uncertain_bytes
+                "trace starts mid-run: {} before the first event ({} of {} are uncertain); {} no allocation stack",
+                render::plural(n, "block existed", "blocks existed"),
+                render::bytes_exact(d.start.uncertain_bytes),
+                if n == 1 { "its size" } else { "their sizes" },
+                if n == 1 { "it has" } else { "they have" }
             ));
         }
         let framed = events.iter().filter(|e| e.stack != StackId::EMPTY).count();
@@ -229,13 +234,14 @@ fn analyze_device(
             peak.by_site.iter().filter(|s| matches!(s.attr, Attr::Backward(_))).map(|s| s.bytes).sum();
         if backward_bytes > 0 {
             caveats.push(format!(
-                "{backward_bytes} bytes at the peak were allocated by the autograd engine without Python frames; they are attributed to the .backward() line that launched them"
+                "{} at the peak were allocated by the autograd engine without Python frames; they are attributed to the .backward() line that launched them",
+                render::bytes_exact(backward_bytes)
             ));
         }
         if !d.check.matches_snapshot {
             caveats.push(format!(
-                "replay does not reproduce the dump-time segment table ({} differences): totals over time may be approximate",
-                d.check.mismatch_count
+                "replay does not reproduce the dump-time segment table ({}): totals over time may be approximate",
+                render::plural(d.check.mismatch_count as u64, "difference", "differences")
             ));
         }
     }

@@ -33,7 +33,9 @@ pub struct Backward {
 pub struct ForwardPass {
     pub span: Span,
     pub call_site: Option<FrameId>,
-    /// A backward starts after this pass and before the next pass from the same call site.
+    /// A backward starts after this pass and before the next pass from the same call site (and,
+    /// when passes from other call sites run in between, one of those backwards frees a block
+    /// this pass allocated).
     pub trained: bool,
     /// The last allocation of the pass (usually the model's output).
     pub last_alloc: Option<u32>,
@@ -83,7 +85,7 @@ impl Phases {
         (k > 0 && self.backwards[k - 1].span.contains(i)).then(|| k - 1)
     }
 
-    /// The forward pass containing event `i`.
+    /// The forward pass containing event `i`, with its index into [`Phases::forwards`].
     pub fn forward_at(&self, i: u32) -> Option<(usize, &ForwardPass)> {
         let k = self.forwards.partition_point(|f| f.span.start <= i);
         (k > 0).then(|| (k - 1, &self.forwards[k - 1])).filter(|(_, f)| f.span.contains(i))

@@ -1,18 +1,40 @@
 //! The words of a suspect, rendered from its typed facts. Nothing here decides anything.
 
-use crate::attribution::Site;
-use crate::evidence::{Evidence, GradientHold, GraphHold, LeakOrigin, OomCause, Severity, Suspect};
+use memsnap_model::format_bytes;
 
-pub fn fmt_bytes(b: u64) -> String {
-    memsnap_model::format_bytes(b, 2)
-}
+use crate::evidence::{Evidence, GradientHold, GraphHold, LeakOrigin, Occurrence, OomCause, Severity, Suspect};
+use crate::site::Site;
 
 fn site(s: &Option<Site>) -> String {
     s.as_ref().map_or("an unknown line".to_string(), |s| s.short())
 }
 
-fn plural(n: u64, one: &str, many: &str) -> String {
+/// `1 block`, `2 blocks`: a count with the form of its noun that agrees with it.
+pub(crate) fn plural(n: u64, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// The word that agrees with a count: `one` for 1, `many` otherwise (`is`/`are`, `its`/`their`).
+fn agree(n: u64, one: &'static str, many: &'static str) -> &'static str {
+    if n == 1 {
+        one
+    } else {
+        many
+    }
+}
+
+/// Bytes humanised, then exact: `134.02 MiB (140526592 bytes)`; just `0 bytes`, `1 byte`,
+/// `512 bytes` below 1 KiB, where the humanised form would say the same thing.
+pub(crate) fn bytes_exact(b: u64) -> String {
+    if b < 1024 {
+        return plural(b, "byte", "bytes");
+    }
+    format!("{} ({b} bytes)", format_bytes(b, 2))
+}
+
+/// `1 forward pass`, `2 forward passes`.
+fn forward_passes(n: usize) -> String {
+    plural(n as u64, "forward pass", "forward passes")
 }
 
 /// The shared tail: what the memory does over time and what the peak would be without it.
@@ -20,21 +42,21 @@ fn numbers(s: &Suspect, peak: u64) -> String {
     let mut parts = Vec::new();
     match s.severity {
         Severity::Leak => {
-            parts.push(format!("{} still allocated when the snapshot was taken", fmt_bytes(s.bytes)));
+            parts.push(format!("{} still allocated when the snapshot was taken", format_bytes(s.bytes, 2)));
             if let Some(g) = s.growth_bytes_per_iteration {
-                parts.push(format!("growing by {} per {} (median)", fmt_bytes(g), s.growth_unit.name()));
+                parts.push(format!("growing by {} per {} (median)", format_bytes(g, 2), s.growth_unit.name()));
             }
         }
-        Severity::Peak => parts.push(format!("up to {} held at once, released later", fmt_bytes(s.bytes))),
-        Severity::Waste => parts.push(format!("{} held, bounded", fmt_bytes(s.bytes))),
+        Severity::Peak => parts.push(format!("up to {} held at once, released later", format_bytes(s.bytes, 2))),
+        Severity::Waste => parts.push(format!("{} held, bounded", format_bytes(s.bytes, 2))),
     }
     if let Some(w) = s.peak_without {
         if w < peak {
-            parts.push(format!("peak {}, {} without this", fmt_bytes(peak), fmt_bytes(w)));
+            parts.push(format!("peak {}, {} without this", format_bytes(peak, 2), format_bytes(w, 2)));
         }
     }
     if let Some(it) = &s.iterations {
-        if matches!(s.severity, Severity::Leak) && s.growth_unit == crate::evidence::Occurrence::Iteration {
+        if matches!(s.severity, Severity::Leak) && s.growth_unit == Occurrence::Iteration {
             let by = match (it.source, &it.site, &it.annotation) {
                 ("annotation", _, Some(a)) => format!("the annotation {:?}", memsnap_model::clip(a)),
                 ("backward", Some(l), _) => format!("the backward pass at {}", l.short()),
@@ -56,30 +78,41 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
             } else {
                 format!(", saved at {}", held_lines.iter().map(|l| l.short()).collect::<Vec<_>>().join(", "))
             };
+            let n = *graphs as u64;
+            let held = plural(*held_blocks, "saved tensor", "saved tensors");
             let head = match hold {
                 GraphHold::RetainedByBackward => format!(
-                    "The backward pass at {} ran right after each of {} forward passes (called at {}) and freed none of their {}{}: the graph was kept (`retain_graph=True`).",
+                    "The backward pass at {} ran right after {} (called at {}) and freed none of {} {}{}: the graph was kept (`retain_graph=True`).",
                     site(backward_line),
-                    graphs,
+                    if n == 1 { forward_passes(*graphs) } else { format!("each of {}", forward_passes(*graphs)) },
                     site(forward_call),
-                    plural(*held_blocks, "saved tensor", "saved tensors"),
+                    agree(n, "its", "their"),
+                    held,
                     lines
                 ),
                 GraphHold::KeptReference => format!(
-                    "{} forward passes called at {} ran with grad enabled and no backward; their graphs ({}{}) were still alive two passes later, so a reference keeps them{}.",
-                    graphs,
+                    "{} called at {} ran with grad enabled and no backward; {} ({}{}) {} still alive two passes later, so a reference keeps {}{}.",
+                    forward_passes(*graphs),
                     site(forward_call),
-                    plural(*held_blocks, "saved tensor", "saved tensors"),
+                    agree(n, "its graph", "their graphs"),
+                    held,
                     lines,
+                    agree(n, "was", "were"),
+                    agree(n, "it", "them"),
                     root.as_ref().map_or(String::new(), |r| format!(", rooted at the value made at {}", r.short()))
                 ),
                 GraphHold::AwaitingBackward => format!(
-                    "{} forward passes called at {} built graphs ({}{}) for a backward that had not run when the trace ended{}.",
-                    graphs,
+                    "{} called at {} built {} ({}{}) for a backward that had not run when the trace ended{}.",
+                    forward_passes(*graphs),
                     site(forward_call),
-                    plural(*held_blocks, "saved tensor", "saved tensors"),
+                    agree(n, "a graph", "graphs"),
+                    held,
                     lines,
-                    root.as_ref().map_or(String::new(), |r| format!("; they are kept through the value made at {}", r.short()))
+                    root.as_ref().map_or(String::new(), |r| format!(
+                        "; {} kept through the value made at {}",
+                        agree(n, "it is", "they are"),
+                        r.short()
+                    ))
                 ),
             };
             format!("{head} {tail}.")
@@ -93,13 +126,16 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
             call_site,
             graphs_held,
         } => format!(
-            "{} forward passes called at {} ({}) were never followed by a backward that used them, yet {} of the {} blocks a pass allocates outlived it ({} per pass): autograd saved them for a backward that never comes{}. {tail}.",
-            passes,
+            "{} called at {} ({}) {} never followed by a backward that used {}, yet {} of the {} a pass allocates outlived it ({} per pass): autograd saved {} for a backward that never comes{}. {tail}.",
+            forward_passes(*passes),
             site(call_site),
             plural(*windows as u64, "evaluation window", "evaluation windows"),
+            agree(*passes as u64, "was", "were"),
+            agree(*passes as u64, "it", "them"),
             survived_blocks,
-            pass_blocks,
-            fmt_bytes(*saved_bytes_per_pass),
+            plural(u64::from(*pass_blocks), "block", "blocks"),
+            format_bytes(*saved_bytes_per_pass, 2),
+            agree(u64::from(*survived_blocks), "it", "them"),
             if *graphs_held { ", and the graphs are kept afterwards" } else { "" }
         ),
         Evidence::ReferenceLeak { origin, blocks, occurrences, eligible, occurrence } => {
@@ -114,32 +150,40 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
             if *origin == LeakOrigin::StateOnly {
                 format!("{} {what}. {tail}.", plural(*blocks, "block", "blocks"))
             } else {
+                let many = match occurrence {
+                    Occurrence::Iteration => "iterations",
+                    Occurrence::Pass => "passes",
+                };
                 format!(
-                    "{} from {} of {} {}s are still allocated at the end: {what}; a reference outlives each {}. {tail}.",
+                    "{} from {} of {} {} still allocated at the end: {what}; a reference outlives each {}. {tail}.",
                     plural(*blocks, "block", "blocks"),
                     occurrences,
-                    eligible,
-                    occurrence.name(),
+                    plural(*eligible as u64, occurrence.name(), many),
+                    agree(*blocks, "is", "are"),
                     occurrence.name()
                 )
             }
         }
         Evidence::UnreleasedGradient { hold, blocks, backward_line, released_at } => match hold {
             GradientHold::KeptEachStep { blocks_per_step, distinct_sizes } => format!(
-                "{} allocated by the backward pass at {} ({} per step, of {} parameter sizes) are still allocated: gradients of every step kept. {tail}.",
+                "{} allocated by the backward pass at {} ({} per step, of {}) {} still allocated: gradients of every step kept. {tail}.",
                 plural(*blocks, "block", "blocks"),
                 site(backward_line),
                 blocks_per_step,
-                distinct_sizes
+                plural(*distinct_sizes as u64, "parameter size", "parameter sizes"),
+                agree(*blocks, "is", "are")
             ),
             GradientHold::ThroughEvaluation { window_start, passes, share_of_allocated } => format!(
-                "When evaluation began (event {}, {} forward passes without backward), {} of parameter sizes from the backward pass at {} were still allocated ({:.0}% of allocated memory): gradients held through a phase that never uses them. {tail}.",
+                "When evaluation began (event {}, {} without backward), {} of parameter sizes from the backward pass at {} {} still allocated ({:.0}% of allocated memory): gradients held through a phase that never uses them. {tail}.",
                 window_start,
-                passes,
+                forward_passes(*passes),
                 plural(*blocks, "block", "blocks"),
                 site(backward_line),
+                agree(*blocks, "was", "were"),
                 100.0 * share_of_allocated
-            ) + &released_at.as_ref().map_or(String::new(), |r| format!(" They were freed only later, by {}.", r.short())),
+            ) + &released_at.as_ref().map_or(String::new(), |r| {
+                format!(" {} freed only later, by {}.", agree(*blocks, "It was", "They were"), r.short())
+            }),
         },
         Evidence::Fragmentation {
             reserved,
@@ -151,13 +195,13 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
             ..
         } => format!(
             "At dump {} is reserved but only {} allocated; {} ({:.0}% of reserved) is free but inside split segments that also hold live blocks, so neither larger requests nor empty_cache() can use it. Largest free block {}. Reserved peaked at {}{}.",
-            fmt_bytes(*reserved),
-            fmt_bytes(*allocated),
-            fmt_bytes(*inactive_split),
+            format_bytes(*reserved, 2),
+            format_bytes(*allocated, 2),
+            format_bytes(*inactive_split, 2),
             100.0 * *inactive_split as f64 / (*reserved).max(1) as f64,
-            fmt_bytes(*largest_free_block),
-            fmt_bytes(*peak_reserved),
-            allocated_at_peak_reserved.map_or(String::new(), |a| format!(" while {} was allocated", fmt_bytes(a)))
+            format_bytes(*largest_free_block, 2),
+            format_bytes(*peak_reserved, 2),
+            allocated_at_peak_reserved.map_or(String::new(), |a| format!(" while {} was allocated", format_bytes(a, 2)))
         ),
         Evidence::Oom {
             count,
@@ -176,28 +220,27 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
                 OomCause::FreeBlockLargeEnough => "a free cached block was large enough, so another stream or pool held it".to_string(),
                 OomCause::Fragmented => format!(
                     "{} was cached free but the largest free block was only {}: fragmentation",
-                    fmt_bytes(*cached_free),
-                    fmt_bytes(*largest_free_block)
+                    format_bytes(*cached_free, 2),
+                    format_bytes(*largest_free_block, 2)
                 ),
                 OomCause::ProcessLimit => format!(
                     "the device still had {} free, so a per-process limit (`set_per_process_memory_fraction`) or memory outside this allocator stopped it",
-                    fmt_bytes(*device_free)
+                    format_bytes(*device_free, 2)
                 ),
-                OomCause::DeviceFull => format!("the device had only {} free: the GPU was full", fmt_bytes(*device_free)),
+                OomCause::DeviceFull => format!("the device had only {} free: the GPU was full", format_bytes(*device_free, 2)),
             };
             let chain: Vec<String> = user_chain.iter().map(|s| s.short()).collect();
-            let held: Vec<String> = holders.iter().map(|h| format!("{} {}", fmt_bytes(h.bytes), h.label)).collect();
+            let held: Vec<String> = holders.iter().map(|h| format!("{} {}", format_bytes(h.bytes, 2), h.label)).collect();
             format!(
-                "{} OOM {}; the last one under user code{} asked for {} (event {}) while {} was allocated and {} reserved ({} cached free, largest free block {}); {}. Memory was held by: {}.",
-                count,
-                if *count == 1 { "event" } else { "events" },
+                "{}; the last one under user code{} asked for {} (event {}) while {} was allocated and {} reserved ({} cached free, largest free block {}); {}. Memory was held by: {}.",
+                plural(*count as u64, "OOM event", "OOM events"),
                 if chain.is_empty() { String::new() } else { format!(" ({})", chain.join(" <- ")) },
-                fmt_bytes(*requested),
+                format_bytes(*requested, 2),
                 event,
-                fmt_bytes(*allocated),
-                fmt_bytes(*reserved),
-                fmt_bytes(*cached_free),
-                fmt_bytes(*largest_free_block),
+                format_bytes(*allocated, 2),
+                format_bytes(*reserved, 2),
+                format_bytes(*cached_free, 2),
+                format_bytes(*largest_free_block, 2),
                 cause,
                 if held.is_empty() { "nothing".to_string() } else { held.join("; ") }
             )
@@ -218,9 +261,66 @@ pub fn advice(s: &Suspect) -> String {
         Evidence::UnreleasedGradient { hold: GradientHold::ThroughEvaluation { .. }, .. } => "Release gradients before evaluating: `optimizer.zero_grad(set_to_none=True)` right after `optimizer.step()` (not at the start of the next step, and not `set_to_none=False`).".into(),
         Evidence::Fragmentation { cached_free_at_end, .. } => format!(
             "Set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` so segments grow instead of splitting; make tensor sizes uniform (pad or bucket variable-length batches); allocate long-lived tensors up front, not between short-lived ones; call `torch.cuda.empty_cache()` only at phase boundaries. ({} cached free at the end.)",
-            fmt_bytes(*cached_free_at_end)
+            format_bytes(*cached_free_at_end, 2)
         ),
         Evidence::Oom { cause: OomCause::Fragmented, .. } => "Set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` to avoid fragmentation, or free the largest holders listed in the evidence before this allocation.".into(),
         Evidence::Oom { .. } => "Reduce what is live at this point: the largest holders are listed in the evidence (free them or move them to CPU first); otherwise reduce the batch size or sequence length, use activation checkpointing or mixed precision, or raise the process memory limit.".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::evidence::SuspectKind;
+
+    #[test]
+    fn counts_agree_with_their_nouns() {
+        assert_eq!(plural(1, "block", "blocks"), "1 block");
+        assert_eq!(plural(0, "block", "blocks"), "0 blocks");
+        assert_eq!(forward_passes(1), "1 forward pass");
+        assert_eq!(forward_passes(3), "3 forward passes");
+    }
+
+    #[test]
+    fn bytes_humanised_then_exact() {
+        assert_eq!(bytes_exact(0), "0 bytes");
+        assert_eq!(bytes_exact(1), "1 byte");
+        assert_eq!(bytes_exact(512), "512 bytes");
+        assert_eq!(bytes_exact(140526592), "134.02 MiB (140526592 bytes)");
+    }
+
+    fn leak(blocks: u64, eligible: usize, occurrence: Occurrence) -> Suspect {
+        Suspect {
+            kind: SuspectKind::ReferenceLeak,
+            severity: Severity::Leak,
+            confidence: 0.9,
+            device: 0,
+            bytes: 3 << 20,
+            bytes_at_peak: 0,
+            peak_without: None,
+            growth_bytes_per_iteration: None,
+            growth_unit: occurrence,
+            site: None,
+            stack: Vec::new(),
+            iterations: None,
+            facts: Evidence::ReferenceLeak {
+                origin: LeakOrigin::UserCode,
+                blocks,
+                occurrences: eligible,
+                eligible,
+                occurrence,
+            },
+            evidence: String::new(),
+            advice: String::new(),
+        }
+    }
+
+    #[test]
+    fn occurrences_are_counted_in_words() {
+        let e = evidence(&leak(3, 3, Occurrence::Pass), 0);
+        assert!(e.starts_with("3 blocks from 3 of 3 passes are still allocated"), "{e}");
+        let e = evidence(&leak(1, 1, Occurrence::Iteration), 0);
+        assert!(e.starts_with("1 block from 1 of 1 iteration is still allocated"), "{e}");
+        assert!(e.contains("3.00 MiB still allocated"), "{e}");
     }
 }

@@ -32,7 +32,10 @@ pub fn escape(s: &str) -> String {
     out
 }
 
-/// `1.92 GiB`, `512 B`: binary units with two decimals, as `torch.cuda.memory_summary()`.
+/// `1.92 GiB`, `512 B`: [`memsnap_model::format_bytes`] at the one precision of every output (two
+/// decimals, as `torch.cuda.memory_summary()`). The crate's only byte formatter, kept as a
+/// wrapper because every renderer prints sizes (some fifty call sites), so none can pick another
+/// precision.
 pub fn fmt_bytes(b: u64) -> String {
     memsnap_model::format_bytes(b, 2)
 }

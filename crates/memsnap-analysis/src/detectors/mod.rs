@@ -24,11 +24,12 @@ use std::collections::BTreeSet;
 use memsnap_model::{DeviceTotals, FrameId, Snapshot, StackId, TraceEvent};
 use memsnap_replay::{BlockLifetime, DeviceReplay};
 
-use crate::attribution::{attribute, Attr, Site};
+use crate::attribution::{attribute, Attr};
 use crate::evidence::{rank, Evidence, IterationsBy, Occurrence, Severity, Suspect, SuspectKind};
 use crate::lifecycle::Lifecycle;
 use crate::phases::{IterationSource, Phases};
 use crate::render;
+use crate::site::Site;
 use crate::stacks::StackTable;
 use crate::thresholds::Thresholds;
 use crate::Moment;
@@ -259,7 +260,8 @@ impl Context<'_> {
         b.alloc_event.and_then(|a| self.phases.iteration_of(a))
     }
 
-    /// Iteration starts plus the end of the trace.
+    /// Iteration starts (the last iteration runs to the end of the trace, which `measure`
+    /// closes by itself).
     pub fn iteration_boundaries(&self) -> Vec<u32> {
         self.phases.boundaries.clone()
     }
@@ -279,7 +281,8 @@ impl Context<'_> {
 
     /// Kept backward-allocated blocks, grouped by backward line, with whether they look like
     /// parameter gradients: one per parameter each step, so at least
-    /// `min_gradients_per_step` blocks per step of two or more parameter sizes.
+    /// `min_gradients_per_step` blocks per step of two or more parameter sizes, at least half of
+    /// the group's bytes in blocks of parameter sizes.
     pub fn kept_backward_groups(&self) -> &[BackwardGroup] {
         self.kept_backward.get_or_init(|| self.group_kept_backward())
     }

@@ -13,8 +13,9 @@ use std::collections::BTreeMap;
 use memsnap_model::{Action, BlockState, StackId};
 
 use super::{Context, Detector, Finding};
-use crate::attribution::{attr_label, Attr, Site};
+use crate::attribution::{attr_label, Attr};
 use crate::evidence::{Evidence, Holder, Occurrence, OomCause, Severity, SuspectKind};
+use crate::site::Site;
 
 pub struct Oom;
 
