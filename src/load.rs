@@ -70,7 +70,13 @@ fn read(path: &Path, cap: Option<u64>, events: bool) -> Result<Loaded, LoadError
     };
     let bar = crate::progress::bytes("reading", opened.regular_len);
     let stored = opened.stored.clone();
-    let mut report = |_pickle_offset: usize| bar.set_position(stored.load(Ordering::Relaxed));
+    let mut counted = 0u64;
+    let mut report = |_pickle_offset: usize| {
+        let now = stored.load(Ordering::Relaxed);
+        crate::progress::add_bytes_read(now.saturating_sub(counted));
+        counted = counted.max(now);
+        bar.set_position(now);
+    };
     let opts = ReadOptions {
         size_hint: opened.size_hint(),
         stored_bytes: Some(opened.stored.clone()),
@@ -86,5 +92,7 @@ fn read(path: &Path, cap: Option<u64>, events: bool) -> Result<Loaded, LoadError
     let snapshot = snapshot?;
     let compression = opened.compression;
     let (file_bytes, pickle_bytes) = opened.finish().map_err(|e| over_cap_or(io_error(e)))?;
+    // The last stretch after the last report.
+    crate::progress::add_bytes_read(file_bytes.saturating_sub(counted));
     Ok(Loaded { path: path.to_path_buf(), file_bytes, pickle_bytes, compression, snapshot })
 }

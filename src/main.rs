@@ -55,7 +55,9 @@ enum Command {
     #[command(after_help = "Example:\n  memsnap timeline run.pickle --csv --every 100 > timeline.csv")]
     Timeline(cmd::timeline::Args),
     /// Segment map with per-segment allocated, free and fragmentation.
-    #[command(after_help = "Example:\n  memsnap segments run.pickle --at peak        (start, end, oom, event:N, +1.5s, iteration:K)")]
+    #[command(
+        after_help = "Example:\n  memsnap segments run.pickle --at peak        (start, end, oom, event:N, +1.5s, iteration:K)"
+    )]
     Segments(cmd::segments::Args),
     /// The trace as readable events, stacks summarised to the user's frame.
     #[command(after_help = "Example:\n  memsnap trace run.pickle --device 0 | less")]

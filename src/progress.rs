@@ -3,7 +3,7 @@
 //! given; otherwise nothing is written, so pipes, logs and tests see no progress output.
 
 use std::io::IsTerminal;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -11,6 +11,19 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 static ENABLED: OnceLock<bool> = OnceLock::new();
 /// Set by `batch`, which draws its own bar over files: per-file bars would interleave with it.
 static PER_FILE_OFF: AtomicBool = AtomicBool::new(false);
+
+/// Stored bytes read so far by every load of this process (`batch` shows them over its files).
+static BYTES_READ: AtomicU64 = AtomicU64::new(0);
+
+/// Count `n` more stored bytes read.
+pub fn add_bytes_read(n: u64) {
+    BYTES_READ.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Stored bytes read so far, over all loads.
+pub fn bytes_read() -> u64 {
+    BYTES_READ.load(Ordering::Relaxed)
+}
 
 /// Decide once, at start: progress is shown when stderr is a terminal and not `quiet`.
 pub fn init(quiet: bool) {

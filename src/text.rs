@@ -59,12 +59,7 @@ pub fn utc(time_us: i64) -> String {
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}.{micros:06} UTC",
-        sod / 3600,
-        sod % 3600 / 60,
-        sod % 60
-    )
+    format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}.{micros:06} UTC", sod / 3600, sod % 3600 / 60, sod % 60)
 }
 
 /// Bytes humanised, then exact: `134.02 MiB (140526592 bytes)`; exactly `0 bytes` and
@@ -85,10 +80,7 @@ pub fn wrap_width() -> Option<usize> {
     let columns = std::env::var("COLUMNS").ok().and_then(|c| c.trim().parse::<usize>().ok());
     let width = columns.or_else(|| {
         use std::io::IsTerminal;
-        std::io::stdout()
-            .is_terminal()
-            .then(|| terminal_size::terminal_size().map(|(w, _)| usize::from(w.0)))
-            .flatten()
+        std::io::stdout().is_terminal().then(|| terminal_size::terminal_size().map(|(w, _)| usize::from(w.0))).flatten()
     })?;
     Some(width.max(MIN_WIDTH))
 }
@@ -156,7 +148,10 @@ mod tests {
         let wrapped = wrap("  fix: ", text, 7, Some(30));
         assert_eq!(wrapped, "  fix: the tensor is kept\n       alive by a list that\n       grows every iteration");
         assert!(wrapped.lines().all(|l| l.chars().count() <= 30));
-        assert_eq!(wrapped.split_whitespace().collect::<Vec<_>>(), format!("fix: {text}").split_whitespace().collect::<Vec<_>>());
+        assert_eq!(
+            wrapped.split_whitespace().collect::<Vec<_>>(),
+            format!("fix: {text}").split_whitespace().collect::<Vec<_>>()
+        );
         // A word longer than the line is not cut.
         assert_eq!(wrap("", "aaaaaaaaaa bb", 0, Some(5)), "aaaaaaaaaa\nbb");
     }

@@ -782,6 +782,9 @@ fn open_output(
     Ok((sink, format, name, false, resumed))
 }
 
+/// How often the progress bar is brought up to date while files are being read.
+const PROGRESS_TICK: std::time::Duration = std::time::Duration::from_millis(200);
+
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     crate::progress::per_file_off();
     let jobs = args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
@@ -828,14 +831,21 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         .build()?;
     // On a terminal only, and not when the rows themselves go to the same terminal.
     let rows_on_terminal = to_stdout && io::stdout().is_terminal();
+    // The bar runs over stored bytes (what takes the time); the message counts files.
+    let total_bytes: u64 = inputs
+        .iter()
+        .filter_map(|i| match i {
+            Input::File { path, .. } => std::fs::metadata(path).ok().filter(|m| m.is_file()).map(|m| m.len()),
+            Input::Error { .. } => None,
+        })
+        .sum();
+    let (mut files_done, files_total) = (0usize, inputs.len());
+    let files_message = |done: usize, last: &str| format!("{done}/{files_total} files {last}");
     let progress = if crate::progress::shown() && !rows_on_terminal {
-        let pb = indicatif::ProgressBar::with_draw_target(
-            Some(inputs.len() as u64),
-            indicatif::ProgressDrawTarget::stderr(),
-        );
-        if let Ok(style) =
-            indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {wide_msg}")
-        {
+        let pb = indicatif::ProgressBar::with_draw_target(Some(total_bytes), indicatif::ProgressDrawTarget::stderr());
+        if let Ok(style) = indicatif::ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:30}] {bytes}/{total_bytes} ({bytes_per_sec}) {wide_msg}",
+        ) {
             pb.set_style(style.progress_chars("=> "));
         }
         pb
@@ -888,7 +898,8 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             match &inputs[next] {
                 Input::Error { shown, message } => {
                     done.insert(next, Row { path: shown.clone(), file_bytes: None, result: Err(message.clone()) });
-                    progress.inc(1);
+                    files_done += 1;
+                    progress.set_message(files_message(files_done, ""));
                 }
                 Input::File { shown, path } => {
                     let estimate = *next_cost.get_or_insert_with(|| estimate_pickle_bytes(path));
@@ -924,18 +935,31 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         if running == 0 {
             break;
         }
-        let (index, outcome, cost) = rx.recv().context("a batch worker stopped")?;
+        // Wake now and then to move the bar while big files are read.
+        let (index, outcome, cost) = match rx.recv_timeout(PROGRESS_TICK) {
+            Ok(received) => received,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                progress.set_position(crate::progress::bytes_read());
+                continue;
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => anyhow::bail!("a batch worker stopped"),
+        };
+        progress.set_position(crate::progress::bytes_read());
         running -= 1;
         in_flight -= cost;
         let row = match outcome {
             Outcome::Row(row) => row,
             Outcome::OverCap => {
+                // Read again from the start: its bytes count twice.
+                if let Input::File { path, .. } = &inputs[index] {
+                    progress.inc_length(std::fs::metadata(path).map_or(0, |m| m.len()));
+                }
                 again.push(index);
                 continue;
             }
         };
-        progress.set_message(printable(&row.path).into_owned());
-        progress.inc(1);
+        files_done += 1;
+        progress.set_message(files_message(files_done, &printable(&row.path)));
         done.insert(index, row);
     }
     progress.finish_and_clear();

@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use memsnap_analysis::{find_phases, moment, LiveBlock};
-use memsnap_report::text::{fmt_bytes, fmt_count};
+use memsnap_report::text::fmt_count;
+
+use crate::text::fmt_bytes;
 use memsnap_report::{flamegraph_svg, folded_text, live_folded, without_native_frames, FlameOptions};
 
 use crate::moment::At;
