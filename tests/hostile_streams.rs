@@ -306,3 +306,19 @@ fn progress_is_drawn_on_a_terminal_only_and_quiet_silences_it() {
     assert_eq!(run.code, Some(0));
     assert!(run.stderr.is_empty(), "{:?}", run.stderr);
 }
+
+/// `batch` on a terminal shows bytes read over the files' stored size, and files done.
+#[test]
+fn batch_progress_counts_bytes_and_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("rows.jsonl");
+    let a = fixture("dev/s03_loss_history_leak.pickle.xz");
+    let b = fixture("dev/s01_clean_train.pickle.xz");
+    let shown = stderr_on_a_terminal(&["batch", a.to_str().unwrap(), b.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    let total = std::fs::metadata(&a).unwrap().len() + std::fs::metadata(&b).unwrap().len();
+    // indicatif writes sizes in binary units with two decimals (both files are under 1 MiB).
+    assert!(total < 1 << 20);
+    assert!(shown.contains("2/2"), "no file count in {shown:?}");
+    let total_shown = format!("/{:.2} KiB", total as f64 / 1024.0);
+    assert!(shown.contains(&total_shown), "no {total_shown} in {shown:?}");
+}
