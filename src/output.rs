@@ -141,7 +141,7 @@ pub fn replace_with(from: &Path, file: &File, to: &Path, keep: Option<Permission
 pub enum Content {
     /// HTML or SVG, which escape their own text: written as it is.
     Markup,
-    /// Text (folded stacks): with the safety net of [`emit`] (C0 but `\n`, DEL and C1 controls
+    /// Text (folded stacks): with the safety net of [`crate::emit::emit`] (C0 but `\n`, DEL and C1 controls
     /// escaped), whether it goes to stdout or to a file.
     Text,
 }
