@@ -2,7 +2,7 @@
 //! the live process reported (`NAME.truth.json`), the replay reproduces each file's segment
 //! table, and the suspects name the planted bug at the user's line — and nothing on clean runs.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

@@ -1,7 +1,7 @@
 //! `memsnap batch`: one row per input file over directories, globs and bad files; exit codes;
 //! JSONL and CSV; byte-identical output for every `--jobs` and memory budget.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -2,7 +2,7 @@
 //! in `OUT.partial`, and `--resume` continues from it to the same bytes an uninterrupted run
 //! writes. See docs/batch.md.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Stdio};

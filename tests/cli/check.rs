@@ -1,7 +1,7 @@
 //! `memsnap check`: exit 0 when every gate passes, 1 with one stdout line per failed gate, 2 for
 //! unreadable input or a malformed gate.
 
-mod common;
+use crate::common;
 
 use common::{memsnap, memsnap_in, root, Run};
 

@@ -125,7 +125,7 @@ pub struct Measured {
     pub code: Option<i32>,
     pub signal: Option<i32>,
     /// Peak RSS of the process. It includes the test process's own RSS at the fork, so a test
-    /// that asserts on it runs alone in its own test binary (`tests/memory_bounds.rs`).
+    /// that asserts on it runs alone in its own test binary (`tests/memory`).
     pub max_rss_kib: i64,
     pub stderr: String,
 }

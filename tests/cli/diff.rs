@@ -1,7 +1,7 @@
 //! `memsnap diff`: the two DDP ranks (devices 0 and 1, matched by position) show rank 1's
 //! planted leak appearing; text and JSON; index matching, identity, and unreadable input.
 
-mod common;
+use crate::common;
 
 use common::memsnap;
 

@@ -1,14 +1,14 @@
 //! The console examples in the docs are real runs: a ```console block after the marker
-//! `<!-- checked: tests/docs_examples.rs -->` is run here (each `$ memsnap …` line, from the
+//! `<!-- checked: tests/cli/docs_examples.rs -->` is run here (each `$ memsnap …` line, from the
 //! repository root) and its output must be what the doc shows, so the docs cannot drift from
 //! the binary. A line `…` in the doc stands for any number of lines; `$ echo $?` checks the exit
 //! code of the command before it.
 
-mod common;
+use crate::common;
 
 use common::{memsnap, root};
 
-const MARKER: &str = "<!-- checked: tests/docs_examples.rs -->";
+const MARKER: &str = "<!-- checked: tests/cli/docs_examples.rs -->";
 
 /// (doc, command line, expected output lines, expected exit code) for every checked command.
 fn examples() -> Vec<(String, String, Vec<String>, Option<i32>)> {

@@ -2,7 +2,7 @@
 //! is refused with exit code 2 and one line on stderr that says what is wrong and where (a byte
 //! offset and opcode, or a key path), never a panic, never a hang, and nothing in a file runs.
 
-mod common;
+use crate::common;
 
 use common::{files_in, fixture, memsnap, memsnap_in, Run};
 

@@ -2,7 +2,7 @@
 //! follows what a snapshot holds (compressed bombs, pipes, devices), files truncated while
 //! they are read, allocation failure, and what `batch` reads from directories.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::process::{Command, Stdio};
@@ -101,7 +101,7 @@ fn pipes_and_special_files_are_read_as_streams() {
     assert!(line.contains("empty file (0 bytes)"), "{line}");
     let line = one_error_line("/proc/self/status", &memsnap(&["summary", "/proc/self/status"]));
     assert!(!line.contains("empty file"), "{line}");
-    // Random bytes end in an error at some offset, quickly (their memory: tests/memory_bounds.rs).
+    // Random bytes end in an error at some offset, quickly (their memory: tests/memory).
     for _ in 0..20 {
         let m = measured(&["summary", "/dev/urandom"], None);
         assert_eq!(m.code, Some(2), "{}", m.stderr);
@@ -262,9 +262,11 @@ fn bombs_stop_where_their_budgets_say() {
 fn stderr_on_a_terminal(args: &[&str]) -> String {
     use std::os::fd::FromRawFd;
     let (mut master, mut slave) = (0, 0);
-    // SAFETY: openpty fills two descriptors; null name, termios and winsize are allowed.
+    // SAFETY: openpty fills two descriptors; a null name and termios are allowed.
     #[allow(unsafe_code)]
-    let r = unsafe { libc::openpty(&mut master, &mut slave, std::ptr::null_mut(), std::ptr::null(), std::ptr::null()) };
+    // A terminal of 200 columns: a bar is never cut short by a terminal of unknown width.
+    let size = libc::winsize { ws_row: 50, ws_col: 200, ws_xpixel: 0, ws_ypixel: 0 };
+    let r = unsafe { libc::openpty(&mut master, &mut slave, std::ptr::null_mut(), std::ptr::null(), &size) };
     assert_eq!(r, 0, "openpty");
     // SAFETY: both descriptors were just opened and are owned here.
     #[allow(unsafe_code)]

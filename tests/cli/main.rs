@@ -1,19 +1,19 @@
 //! Every integration test of the `memsnap` binary, in one test binary (one link instead of
 //! one per file; see Cargo.toml `autotests = false`). Each module is one area; `common` runs the
-//! binary and reads what it says.
+//! binary and reads what it says. The peak-memory test is the one other binary (tests/memory): a
+//! child's peak RSS counts the test process at the fork, which must not hold other tests' buffers.
 mod common;
 
-mod analyze_cli;
-mod batch_cli;
+mod analyze;
+mod batch;
 mod batch_resume;
-mod check_cli;
-mod diff_cli;
+mod check;
+mod diff;
 mod docs_examples;
 mod hostile_cli;
 mod hostile_streams;
-mod memory_bounds;
-mod output_cli;
-mod report_cli;
+mod output;
+mod report;
 mod scorecard;
-mod summary_cli;
-mod untrusted_cli;
+mod summary;
+mod untrusted;

@@ -3,7 +3,7 @@
 //! symbolic link at the target is replaced, never written through; permissions are those of
 //! the file replaced, or the umask's for a new one. See src/output.rs and docs/report.md.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::Path;

@@ -3,7 +3,7 @@
 //!
 //! Regenerate the golden with `UPDATE_GOLDEN=1 cargo test --test report_cli`.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

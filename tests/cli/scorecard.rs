@@ -15,7 +15,7 @@
 //!
 //! It prints the card (recall, wrong kinds, false positives) and fails on any miss.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;

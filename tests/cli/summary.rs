@@ -7,7 +7,7 @@
 //!   same object re-pickled at protocols 0–5 and compressed gives the same summary; reshaped
 //!   copies (legacy history, bare segment list, …) give the summary each shape implies.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

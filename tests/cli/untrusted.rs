@@ -7,7 +7,7 @@
 //! `ok_long_names.pickle.xz`, made by `fixtures/gen/make_untrusted.py` (which holds the exact
 //! strings quoted below).
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -3,6 +3,7 @@
 //! its own binary: a child's peak RSS counts the test process at the fork, which must stay
 //! small (no other test's buffers alive).
 
+#[path = "../cli/common.rs"]
 mod common;
 
 use common::{fixture, measured};

@@ -2,7 +2,7 @@
 //!
 //! The numbers are not fitted to fixtures: each rests on how autograd and the caching allocator
 //! behave (the reason says how). Tests mutate them through [`Thresholds`] to show that each one
-//! matters (`tests/thresholds.rs`).
+//! matters (`tests/suite/thresholds.rs`).
 
 /// The thresholds of every detector. [`Thresholds::DEFAULT`] is what `analyze` uses.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -239,7 +239,7 @@ impl Default for Limits {
 ///
 /// Why it holds for every real snapshot: each object costs at least one opcode byte, and a
 /// snapshot's bytes are mostly keys, addresses and sizes that become fixed-size fields. Measured
-/// (`crates/memsnap-model/tests/object_budget.rs`, which keeps every bundled real fixture under a
+/// (`crates/memsnap-model/tests/suite/object_budget.rs`, which keeps every bundled real fixture under a
 /// quarter of both proportional parts): at most 6.0 bytes of objects per pickle byte (a small
 /// state-only file, whose blocks stay generic dicts; the 1.07 GB bench file builds 1.3) and 61
 /// per byte of xz (31 for the bench file). A bomb builds far more: one `EMPTY_DICT` byte is a

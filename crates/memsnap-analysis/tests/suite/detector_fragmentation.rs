@@ -1,7 +1,7 @@
 //! fragmentation: split free blocks that neither serve nor return (src/detectors/fragmentation.rs).
 //! Synthetic traces of the script in `common/scenario.rs`: positives and near misses.
 
-mod common;
+use crate::common;
 
 use common::prelude::*;
 

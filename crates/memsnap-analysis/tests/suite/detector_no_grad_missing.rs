@@ -1,7 +1,7 @@
 //! no_grad_missing: forward passes no backward consumes, run with grad (src/detectors/no_grad_missing.rs).
 //! Synthetic traces of the script in `common/scenario.rs`: positives and near misses.
 
-mod common;
+use crate::common;
 
 use common::prelude::*;
 

@@ -1,7 +1,7 @@
 //! oom: the failed allocation, explained (src/detectors/oom.rs).
 //! Synthetic traces of the script in `common/scenario.rs`: positives and near misses.
 
-mod common;
+use crate::common;
 
 use common::prelude::*;
 

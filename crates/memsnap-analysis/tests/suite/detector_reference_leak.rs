@@ -1,7 +1,7 @@
 //! reference_leak: tensors no graph holds, kept step after step (src/detectors/reference_leak.rs).
 //! Synthetic traces of the script in `common/scenario.rs`: positives and near misses.
 
-mod common;
+use crate::common;
 
 use common::prelude::*;
 

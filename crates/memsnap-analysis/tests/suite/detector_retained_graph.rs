@@ -1,7 +1,7 @@
 //! retained_graph: graphs kept past their backward (see src/detectors/retained_graph.rs).
 //! Synthetic traces of the script in `common/scenario.rs`: positives and near misses.
 
-mod common;
+use crate::common;
 
 use common::prelude::*;
 

@@ -1,7 +1,7 @@
 //! unreleased_gradient: gradients kept each step, or through evaluation (src/detectors/unreleased_gradient.rs).
 //! Synthetic traces of the script in `common/scenario.rs`: positives and near misses.
 
-mod common;
+use crate::common;
 
 use common::prelude::*;
 

@@ -4,7 +4,7 @@
 //! (`scalar_root_bytes` needs blocks smaller than this builder's 2 MiB granule: the real-fixture
 //! scorecard covers it, where x04, y07 and z12 are named at their running sums.)
 
-mod common;
+use crate::common;
 
 use common::program::{top, Grad, Program, ZeroGrad};
 use common::scenario::*;

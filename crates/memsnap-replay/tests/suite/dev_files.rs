@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-mod common;
+use crate::common;
 
 use common::{map_layout, snapshot_layout};
 use memsnap_model::{read_snapshot, BlockState, Snapshot};

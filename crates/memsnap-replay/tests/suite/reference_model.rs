@@ -3,7 +3,7 @@
 //! the model's counters and layout — from the start, and from a trace cut short as a ring
 //! buffer cuts it. Also: any thread count gives the same result.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 
