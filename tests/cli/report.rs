@@ -1,7 +1,5 @@
 //! `memsnap report` and `memsnap flamegraph` through the built binary: output files, formats,
-//! identical bytes on 1 and 2 threads, flamegraph sums, and a folded golden.
-//!
-//! Regenerate the golden with `UPDATE_GOLDEN=1 cargo test --test report_cli`.
+//! identical bytes on 1 and 2 threads, flamegraph sums (the goldens are in golden.rs).
 
 use crate::common;
 
@@ -156,18 +154,6 @@ fn flamegraph_refuses_an_output_name_it_would_not_honour() {
     let run = memsnap(&["flamegraph", s(&input), "--folded", "-o", s(&out)]);
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     assert!(std::fs::read_to_string(&out).unwrap().lines().all(|l| l.rsplit_once(' ').is_some()));
-}
-
-#[test]
-fn folded_golden() {
-    let run = memsnap(&["flamegraph", s(&fixture("dev/s10_streams.pickle.xz")), "--folded"]);
-    assert_eq!(run.code, Some(0), "{}", run.stderr);
-    let path = root().join("tests/golden/s10_streams.peak.folded");
-    if std::env::var_os("UPDATE_GOLDEN").is_some() {
-        std::fs::write(&path, &run.stdout).unwrap();
-    }
-    let expected = std::fs::read_to_string(&path).expect("golden (UPDATE_GOLDEN=1 creates it)");
-    assert_eq!(run.stdout, expected, "UPDATE_GOLDEN=1 regenerates");
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! The report on real snapshots (`fixtures/dev`, `fixtures/extra`): goldens, determinism across
 //! thread counts, well-formed SVG, the s03 verdict, and flamegraph sums.
 //!
-//! Regenerate the goldens with `UPDATE_GOLDEN=1 cargo test -p memsnap-report`.
+//! Regenerate the goldens with `UPDATE_EXPECT=1 cargo test --profile ci -p memsnap-report`.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -68,29 +68,10 @@ fn dev_fixtures() -> Vec<String> {
     v
 }
 
-/// Compare with `tests/golden/NAME`, or write it when `UPDATE_GOLDEN` is set.
+/// Compare with `tests/golden/NAME`; `UPDATE_EXPECT=1` rewrites it (expect-test).
 fn check_golden(name: &str, actual: &str) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(name);
-    if std::env::var_os("UPDATE_GOLDEN").is_some() {
-        std::fs::write(&path, actual).unwrap();
-        return;
-    }
-    let expected = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e} (run with UPDATE_GOLDEN=1 to create it)", path.display()));
-    if expected != actual {
-        let (i, (e, a)) = expected
-            .lines()
-            .zip(actual.lines())
-            .enumerate()
-            .find(|(_, (e, a))| e != a)
-            .unwrap_or((expected.lines().count().min(actual.lines().count()), ("<end>", "<end>")));
-        panic!(
-            "{name} differs from the golden at line {}:\n expected: {e}\n   actual: {a}\n({} vs {} lines; UPDATE_GOLDEN=1 regenerates)",
-            i + 1,
-            expected.lines().count(),
-            actual.lines().count()
-        );
-    }
+    expect_test::expect_file![path].assert_eq(actual);
 }
 
 fn parse_xml(what: &str, svg: &str) {
