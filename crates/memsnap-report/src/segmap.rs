@@ -117,7 +117,7 @@ pub fn build(
         let st = s.stats();
         let px = bar_len(s.total_size, largest, bar_px);
         let title = format!(
-            "segment {:#x}: {} ({}, stream {:#x})\nallocated {} ({}%), pending free {}, free {} in {} blocks (largest {})\nfragmentation {:.2} (1 − largest free / free)",
+            "segment {:#x}: {} ({}, stream {:#x})\nallocated {} ({}%), pending free {}, free {} in {} (largest {})\nfragmentation {:.2} (1 − largest free / free)",
             s.address,
             fmt_bytes(s.total_size),
             pool(s),
@@ -126,7 +126,7 @@ pub fn build(
             pct(st.allocated_bytes, s.total_size),
             fmt_bytes(st.pending_free_bytes),
             fmt_bytes(st.free_bytes),
-            st.free_blocks,
+            memsnap_model::count_of(st.free_blocks as u64, "block"),
             fmt_bytes(st.largest_free_bytes),
             st.fragmentation
         );
@@ -289,13 +289,14 @@ pub fn render(m: &SegmentMap, width: f64) -> String {
         m.device
     );
     let summary = format!(
-        "{} segments, {} reserved: {} allocated, {} pending free, {} free in {} blocks. Largest first; bar length ∝ size; ×N: N segments with the same layout.",
-        m.total_segments,
+        "{}, {} reserved: {} allocated, {} pending free, {} free in {} {}. Largest first; bar length ∝ size; ×N: N segments with the same layout.",
+        memsnap_model::count_of(m.total_segments as u64, "segment"),
         fmt_bytes(m.reserved),
         fmt_bytes(m.allocated),
         fmt_bytes(m.pending),
         fmt_bytes(m.free),
-        fmt_count(m.free_blocks as u64)
+        fmt_count(m.free_blocks as u64),
+        if m.free_blocks == 1 { "block" } else { "blocks" }
     );
     let _ = writeln!(s, r##"<text x="10" y="35" font-size="12" fill="#555555">{}</text>"##, escape(&summary));
     let mut x = 10.0;
