@@ -2,6 +2,7 @@
 //! touches files, the environment and the terminal.
 
 mod alloc;
+mod args;
 mod cmd;
 mod emit;
 mod input;

@@ -2,7 +2,6 @@
 //! puts the verdict first, then peak attribution by site and category, then caveats.
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use memsnap_analysis::Moment;
@@ -16,8 +15,8 @@ use crate::text::{blocks_word, bytes_exact, category_title, fmt_bytes, since_sta
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Snapshot file (`-` for stdin); gzip, zstd and xz are detected by content.
-    pub file: PathBuf,
+    #[command(flatten)]
+    pub snapshot: crate::args::SnapshotFile,
     /// Machine-readable output (`memsnap docs json`).
     #[arg(long)]
     pub json: bool,
@@ -27,7 +26,7 @@ pub struct Args {
 }
 
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
-    let a = analyze_file(&args.file)?;
+    let a = analyze_file(&args.snapshot.file)?;
     if args.json {
         write_analysis_json(&mut std::io::BufWriter::new(std::io::stdout().lock()), &a)?;
     } else {

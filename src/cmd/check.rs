@@ -3,7 +3,6 @@
 //! when the file cannot be read or a gate is malformed. See docs/check.md.
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use memsnap_analysis::{Severity, SuspectKind};
@@ -19,8 +18,8 @@ const KINDS: [SuspectKind; 6] = SuspectKind::ALL;
 #[derive(clap::Args)]
 #[command(group(clap::ArgGroup::new("gates").required(true).multiple(true).args(["max_peak", "max_reserved", "fail_on"])))]
 pub struct Args {
-    /// Snapshot file (`-` for stdin); gzip, zstd and xz are detected by content.
-    pub file: PathBuf,
+    #[command(flatten)]
+    pub snapshot: crate::args::SnapshotFile,
     /// Fail when any device's peak of allocated bytes exceeds SIZE (e.g. 20GiB, 500MB, 1.5G;
     /// K/M/G/T alone are binary).
     #[arg(long, value_name = "SIZE", value_parser = size::parse)]
@@ -85,8 +84,8 @@ fn parse_fail_on(names: &[String]) -> anyhow::Result<FailOn> {
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     // Gates are checked before the file is read: a typo should not wait for a multi-GB load.
     let fail_on = parse_fail_on(&args.fail_on)?;
-    let a = analyze_file(&args.file)?;
-    let shown = shown_path(&args.file);
+    let a = analyze_file(&args.snapshot.file)?;
+    let shown = shown_path(&args.snapshot.file);
     let mut failures = String::new();
     let mut gates = 0;
     let figures = device_figures(&a);

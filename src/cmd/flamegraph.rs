@@ -18,8 +18,8 @@ use crate::pipeline::file_name;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Snapshot file (`-` for stdin); gzip, zstd and xz are detected by content.
-    pub file: PathBuf,
+    #[command(flatten)]
+    pub snapshot: crate::args::SnapshotFile,
     /// The moment: `start`, `peak` (of allocated bytes), `end` (after the last event), `oom`,
     /// `event:N`, `+1.25s` (after the trace start), `iteration:K` or `us:EPOCH`.
     #[arg(long, default_value = "peak", value_parser = crate::moment::parse)]
@@ -66,15 +66,15 @@ fn folded_output(output: &std::path::Path, folded: bool) -> anyhow::Result<bool>
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let at = args.at;
     let folded_out = folded_output(&args.output, args.folded)?;
-    let a = analyze_file(&args.file)?;
+    let a = analyze_file(&args.snapshot.file)?;
     let snap = &a.loaded.snapshot;
     let stacks = &a.analysis.stacks;
 
     let devices: Vec<_> = a.analysis.devices.iter().filter(|d| args.device.is_none_or(|x| x == d.device)).collect();
     if devices.is_empty() {
         match args.device {
-            Some(d) => anyhow::bail!("{}: no device {d} in this snapshot", args.file.display()),
-            None => anyhow::bail!("{}: the snapshot holds no device", args.file.display()),
+            Some(d) => anyhow::bail!("{}: no device {d} in this snapshot", args.snapshot.file.display()),
+            None => anyhow::bail!("{}: the snapshot holds no device", args.snapshot.file.display()),
         }
     }
     let multi = devices.len() > 1;

@@ -19,8 +19,8 @@ pub enum Format {
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Snapshot file (`-` for stdin); gzip, zstd and xz are detected by content.
-    pub file: PathBuf,
+    #[command(flatten)]
+    pub snapshot: crate::args::SnapshotFile,
     /// Output file (`-` for stdout). Its extension, `.html` or `.svg`, picks the format.
     #[arg(short, long)]
     pub output: PathBuf,
@@ -57,7 +57,7 @@ pub fn format_of(output: &Path, format: Option<Format>) -> anyhow::Result<Format
 
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let format = format_of(&args.output, args.format)?;
-    let a = analyze_file(&args.file)?;
+    let a = analyze_file(&args.snapshot.file)?;
     let caveats = lacks(&a.loaded.snapshot);
     let name = file_name(&a.loaded.path);
     let input = ReportInput {

@@ -3,7 +3,6 @@
 //! fragmentation (the `_memory_viz segsum` view, at any time rather than only at dump).
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use memsnap_analysis::{find_phases, StackTable};
@@ -20,8 +19,8 @@ use crate::text::{fmt_bytes, since_start, trace_origin};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Snapshot file (`-` for stdin); gzip, zstd and xz are detected by content.
-    pub file: PathBuf,
+    #[command(flatten)]
+    pub snapshot: crate::args::SnapshotFile,
     /// When: `end` (after the last event, as dumped), `peak` (peak allocated bytes), `start`
     /// (before the first event), `oom`, `event:N`, `+1.25s` (after the trace start),
     /// `iteration:K` or `us:EPOCH` (the layout after the last event at or before it).
@@ -56,7 +55,7 @@ fn state(at: At, snap: &Snapshot, d: &DeviceReplay) -> anyhow::Result<MemoryMap>
 }
 
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
-    let loaded = load(&args.file)?;
+    let loaded = load(&args.snapshot.file)?;
     let snap = &loaded.snapshot;
     let replay = memsnap_replay::replay(snap);
     let devices = select_devices(&replay, args.device)?;

@@ -2,7 +2,6 @@
 //! coverage, allocator settings, producer, and what the file lacks.
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use memsnap_model::{printable, shown, DeviceTotals, TraceFacts};
@@ -15,15 +14,15 @@ use crate::text::{fmt_bytes, since_start, utc};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Snapshot file (`-` for stdin); gzip, zstd and xz are detected by content.
-    pub file: PathBuf,
+    #[command(flatten)]
+    pub snapshot: crate::args::SnapshotFile,
     /// Machine-readable output (`memsnap docs json`).
     #[arg(long)]
     pub json: bool,
 }
 
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
-    let loaded = load_summary(&args.file)?;
+    let loaded = load_summary(&args.snapshot.file)?;
     if args.json {
         write_summary_json(&mut std::io::BufWriter::new(std::io::stdout().lock()), &loaded)?;
     } else {

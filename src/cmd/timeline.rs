@@ -2,7 +2,6 @@
 //! and requested bytes after each trace event, from the exact replay.
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use memsnap_model::TraceEvent;
@@ -17,8 +16,8 @@ use crate::text::{fmt_bytes, since_start, trace_origin};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Snapshot file (`-` for stdin); gzip, zstd and xz are detected by content.
-    pub file: PathBuf,
+    #[command(flatten)]
+    pub snapshot: crate::args::SnapshotFile,
     /// One CSV row per event: device,event,time_us,action,allocated,reserved,active,requested.
     #[arg(long, conflicts_with = "json")]
     pub csv: bool,
@@ -38,7 +37,7 @@ pub struct Args {
 const PIECE: usize = 1 << 20;
 
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
-    let loaded = load(&args.file)?;
+    let loaded = load(&args.snapshot.file)?;
     let snap = &loaded.snapshot;
     let replay = memsnap_replay::replay(snap);
     let devices = select_devices(&replay, args.device)?;

@@ -3,7 +3,6 @@
 //! event, and each stack summarised to the user's innermost frame.
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use memsnap_model::{classify_filename, shown, Action, FrameKind, Snapshot, StackId};
@@ -16,8 +15,8 @@ use crate::text::fmt_bytes;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Snapshot file (`-` for stdin); gzip, zstd and xz are detected by content.
-    pub file: PathBuf,
+    #[command(flatten)]
+    pub snapshot: crate::args::SnapshotFile,
     /// Only this device.
     #[arg(long)]
     pub device: Option<u32>,
@@ -27,7 +26,7 @@ pub struct Args {
 const PIECE: usize = 1 << 20;
 
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
-    let loaded = load(&args.file)?;
+    let loaded = load(&args.snapshot.file)?;
     let snap = &loaded.snapshot;
     let replay = memsnap_replay::replay(snap);
     let devices = select_devices(&replay, args.device)?;
