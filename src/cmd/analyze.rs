@@ -23,6 +23,43 @@ pub struct Args {
     /// Sites listed per moment in the text output.
     #[arg(long, default_value_t = 10)]
     pub top: usize,
+    /// What the text tables at the peak and the end group live memory by: the allocating line
+    /// (site), the `user_metadata` the program set (metadata), or the `torch.compile` region.
+    #[arg(long, value_enum, default_value_t = By::Site)]
+    pub by: By,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum By {
+    Site,
+    Metadata,
+    CompileRegion,
+}
+
+/// Labels listed per moment and label kind, and named phases listed per device, in text.
+const TOP_LABELS: usize = 8;
+
+/// A label value as text: quoted (it is the program's string), or "(no label)".
+fn label_text(label: &Option<String>) -> String {
+    label.as_ref().map_or_else(|| "(no label)".to_string(), |l| format!("{:?}", clip(l)))
+}
+
+/// `label 1.00 MiB, …` for the first [`TOP_LABELS`], then how many more.
+fn labels_line(labels: &[(Option<String>, u64)]) -> String {
+    let mut parts: Vec<String> = labels
+        .iter()
+        .take(TOP_LABELS)
+        .map(|(l, b)| format!("{} {}", printable(&label_text(l)), fmt_bytes(*b)))
+        .collect();
+    if labels.len() > TOP_LABELS {
+        let rest: u64 = labels[TOP_LABELS..].iter().map(|x| x.1).sum();
+        parts.push(format!("{} more {}", labels.len() - TOP_LABELS, fmt_bytes(rest)));
+    }
+    parts.join(", ")
+}
+
+fn labels_json(labels: &[(Option<String>, u64)]) -> Value {
+    Value::Array(labels.iter().map(|(l, b)| json!({"label": l, "bytes": b})).collect())
 }
 
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
@@ -30,7 +67,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     if args.json {
         write_analysis_json(&mut std::io::BufWriter::new(std::io::stdout().lock()), &a)?;
     } else {
-        emit(&analysis_text(&a, args.top))?;
+        emit(&analysis_text(&a, args.top, args.by))?;
     }
     crate::emit::leave(a);
     Ok(ExitCode::SUCCESS)
@@ -67,6 +104,8 @@ fn moment_json(m: &Moment, top: usize) -> Value {
         "by_site": sites,
         "by_category": cats,
         "by_phase": m.by_phase.iter().map(|(p, b)| (p.name().to_string(), json!(b))).collect::<serde_json::Map<_, _>>(),
+        "by_metadata": labels_json(&m.by_metadata),
+        "by_compile_region": labels_json(&m.by_compile_region),
     })
 }
 
@@ -108,6 +147,13 @@ fn write_analysis_json(out: &mut dyn std::io::Write, a: &Analyzed) -> std::io::R
                     "forward_passes": da.phases.forward_passes,
                     "evaluation_windows": da.phases.eval_windows.len(),
                     "optimizer_steps": da.phases.optimizer_steps,
+                    "labels": da.phases.labels.iter().map(|l| json!({
+                        "kind": l.kind.name(),
+                        "name": l.name,
+                        "first_event": l.first_event,
+                        "last_event": l.last_event,
+                        "events": l.events,
+                    })).collect::<Vec<_>>(),
                 },
                 "peak": moment_json(&da.peak, memsnap_analysis::TOP_SITES),
                 "end": moment_json(&da.end, memsnap_analysis::TOP_SITES),
@@ -130,7 +176,7 @@ fn write_analysis_json(out: &mut dyn std::io::Write, a: &Analyzed) -> std::io::R
     crate::json_stream::write_pretty(out, fields, "devices", a.analysis.devices.len(), &device)
 }
 
-fn analysis_text(a: &Analyzed, top: usize) -> String {
+fn analysis_text(a: &Analyzed, top: usize, by: By) -> String {
     let snap = &a.loaded.snapshot;
     let mut s = String::new();
     let _ = writeln!(s, "memsnap analyze: {}", shown_path(&a.loaded.path));
@@ -201,15 +247,49 @@ fn analysis_text(a: &Analyzed, top: usize) -> String {
             p.eval_windows.len(),
             p.optimizer_steps
         );
+        if !p.labels.is_empty() {
+            let named: Vec<String> = p
+                .labels
+                .iter()
+                .take(TOP_LABELS)
+                .map(|l| {
+                    format!(
+                        "{} {} events {}-{}",
+                        l.kind.name(),
+                        printable(&label_text(&Some(l.name.clone()))),
+                        l.first_event,
+                        l.last_event
+                    )
+                })
+                .collect();
+            let more = p.labels.len().saturating_sub(TOP_LABELS);
+            let more = if more > 0 { format!(" and {more} more") } else { String::new() };
+            let line = format!("{}{more}", named.join("; "));
+            let _ = writeln!(s, "{}", wrap("  labelled phases: ", &line, 4, width));
+        }
         for (title, m) in [("at peak", &da.peak), ("at end", &da.end)] {
+            let labels = match by {
+                By::Site => None,
+                By::Metadata => Some(("user_metadata", &m.by_metadata)),
+                By::CompileRegion => Some(("compile region", &m.by_compile_region)),
+            };
             let _ = writeln!(
                 s,
-                "\n  Allocated {} by site ({} allocated, {} reserved):",
+                "\n  Allocated {} by {} ({} allocated, {} reserved):",
                 title,
+                labels.map_or("site", |l| l.0),
                 fmt_bytes(m.allocated),
                 fmt_bytes(m.reserved)
             );
-            for site in m.by_site.iter().take(top) {
+            if let Some((_, labels)) = labels {
+                if labels.is_empty() {
+                    let _ = writeln!(s, "    (no live block carries this label)");
+                }
+                for (label, bytes) in labels.iter().take(top) {
+                    let _ = writeln!(s, "    {:>12}  {}", fmt_bytes(*bytes), printable(&label_text(label)));
+                }
+            }
+            for site in m.by_site.iter().take(top).filter(|_| labels.is_none()) {
                 let _ = writeln!(
                     s,
                     "    {:>12}  {:>6} {}  {}",
@@ -219,7 +299,7 @@ fn analysis_text(a: &Analyzed, top: usize) -> String {
                     printable(&site.label)
                 );
             }
-            if m.by_site.len() > top {
+            if m.by_site.len() > top && labels.is_none() {
                 let rest = &m.by_site[top..];
                 let _ = writeln!(
                     s,
@@ -246,6 +326,11 @@ fn analysis_text(a: &Analyzed, top: usize) -> String {
                 .collect();
             if !by_phase.is_empty() {
                 let _ = writeln!(s, "  By phase that allocated {}: {}", title, by_phase.join(", "));
+            }
+            for (name, labels) in [("user_metadata", &m.by_metadata), ("compile region", &m.by_compile_region)] {
+                if !labels.is_empty() {
+                    let _ = writeln!(s, "{}", wrap(&format!("  By {name} {title}: "), &labels_line(labels), 4, width));
+                }
             }
         }
         if !da.caveats.is_empty() {

@@ -411,3 +411,37 @@ fn analyze_text_reads_as_prose() {
     assert_eq!(words(&narrow.stdout), words(&plain.stdout));
     assert!(narrow.stdout.lines().count() > plain.stdout.lines().count() + 5);
 }
+
+/// `user_metadata` and `compile_context` group live memory: the groups of a moment add up to
+/// its allocated bytes, a label's phase spans the events that carried it, and `--by` makes the
+/// text table group by the label.
+#[test]
+fn labels_group_memory_and_name_phases() {
+    for (file, key, kind, example) in [
+        ("dev/s15_annotations.pickle.xz", "by_metadata", "user_metadata", "step=1"),
+        ("dev/s13_compile.pickle.xz", "by_compile_region", "compile_context", "Torch-Compiled Region: 0/0"),
+    ] {
+        let out = analyze(&fixture(file));
+        let d = &out["devices"][0];
+        for moment in ["peak", "end"] {
+            let groups = d[moment][key].as_array().unwrap();
+            let sum: u64 = groups.iter().map(|g| g["bytes"].as_u64().unwrap()).sum();
+            assert_eq!(sum, d[moment]["allocated_bytes"].as_u64().unwrap(), "{file} {moment}");
+        }
+        let labels = d["phases"]["labels"].as_array().unwrap();
+        let l = labels.iter().find(|l| l["name"] == example).unwrap_or_else(|| panic!("{file}: {labels:?}"));
+        assert_eq!(l["kind"], kind);
+        assert!(l["first_event"].as_u64() <= l["last_event"].as_u64());
+        assert!(l["events"].as_u64().unwrap() > 0);
+    }
+    // A file without labels has none.
+    let clean = analyze(&fixture("dev/s01_clean_train.pickle.xz"));
+    assert!(clean["devices"][0]["peak"]["by_metadata"].as_array().unwrap().is_empty());
+    assert!(clean["devices"][0]["phases"]["labels"].as_array().unwrap().is_empty());
+
+    let f = fixture("dev/s15_annotations.pickle.xz");
+    let text = memsnap(&["analyze", f.to_str().unwrap(), "--by", "metadata"]);
+    assert_eq!(text.code, Some(0), "{}", text.stderr);
+    assert!(text.stdout.contains("Allocated at peak by user_metadata ("), "{}", text.stdout);
+    assert!(text.stdout.contains("\"step=1\""), "{}", text.stdout);
+}

@@ -13,6 +13,7 @@ mod attribution;
 mod detectors;
 mod evidence;
 mod graph;
+mod labels;
 mod lifecycle;
 mod phases;
 mod render;
@@ -33,6 +34,7 @@ pub use evidence::{
     SuspectKind,
 };
 pub use graph::{frame_label, LiveBlock, MemoryGraph, Node, AUTOGRAD, NO_FRAMES, PRE_TRACE};
+pub use labels::{bytes_by_label, label_of, label_spans, LabelKind, LabelSpan};
 pub use lifecycle::{lifecycle, BlockFate, Lifecycle, Unit, UnitBlock, UnitFate};
 pub use phases::{find_phases, Backward, ForwardPass, IterationSource, Phases, Span};
 pub use site::{short_path, Site};
@@ -64,6 +66,11 @@ pub struct Moment {
     pub by_category: Vec<(Category, u64)>,
     /// Bytes per phase that allocated them, in [`AllocPhase::ALL`] order.
     pub by_phase: Vec<(AllocPhase, u64)>,
+    /// Bytes per `user_metadata` value of the allocation (`None`: no label), largest first;
+    /// empty when no live block has one ([`bytes_by_label`]).
+    pub by_metadata: Vec<(Option<String>, u64)>,
+    /// The same per `torch.compile` region (`compile_context`).
+    pub by_compile_region: Vec<(Option<String>, u64)>,
     pub cached_free: u64,
 }
 
@@ -80,6 +87,8 @@ pub struct PhaseSummary {
     pub forward_passes: usize,
     pub eval_windows: Vec<Span>,
     pub optimizer_steps: usize,
+    /// Every `user_metadata` and `compile_context` value of the trace, as named phases.
+    pub labels: Vec<LabelSpan>,
 }
 
 /// Analysis of one device.
@@ -156,6 +165,8 @@ pub fn moment(
     let mut by_cat: BTreeMap<Category, u64> = BTreeMap::new();
     let mut by_phase: BTreeMap<AllocPhase, u64> = BTreeMap::new();
     let mut live = Vec::new();
+    let by_metadata = bytes_by_label(snap, events, live_at(d, t), LabelKind::Metadata);
+    let by_compile_region = bytes_by_label(snap, events, live_at(d, t), LabelKind::CompileRegion);
     for b in live_at(d, t) {
         let (attr, stack) = attribute(events, phases, stacks, b);
         let e = by_attr.entry(attr).or_default();
@@ -188,6 +199,8 @@ pub fn moment(
         by_site,
         by_category: Category::ALL.iter().map(|c| (*c, by_cat.get(c).copied().unwrap_or(0))).collect(),
         by_phase: AllocPhase::ALL.iter().map(|p| (*p, by_phase.get(p).copied().unwrap_or(0))).collect(),
+        by_metadata,
+        by_compile_region,
         cached_free: totals.reserved.saturating_sub(totals.allocated),
     };
     (m, live)
@@ -283,6 +296,7 @@ fn analyze_device(
         forward_passes: phases.forwards.len(),
         eval_windows: phases.eval_windows.clone(),
         optimizer_steps: phases.optimizer_steps.len(),
+        labels: label_spans(snap, events),
     };
     DeviceAnalysis {
         device: d.device,

@@ -1,0 +1,108 @@
+//! Labels the program put on its allocations, as a second way to group memory beside the
+//! allocating line: `user_metadata` (a string the program sets with
+//! `torch.cuda.memory._set_memory_metadata`, copied by the allocator into every trace entry
+//! recorded while it is set) and `compile_context` (the `torch.compile` region, e.g.
+//! "Torch-Compiled Region: 0/0", active when the allocation was made). Both are properties of
+//! the allocation event, so a block's label is its `alloc` event's; blocks from before the trace
+//! have none.
+//!
+//! A label that is set for a while is also a named phase: [`label_spans`] gives, per distinct
+//! value, the first and last event that carried it.
+
+use std::collections::BTreeMap;
+
+use memsnap_model::{Snapshot, StrId, TraceEvent};
+use memsnap_replay::BlockLifetime;
+
+/// Which label of a trace entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum LabelKind {
+    /// `user_metadata`.
+    Metadata,
+    /// `compile_context` ("N/A" and absent are no label).
+    CompileRegion,
+}
+
+impl LabelKind {
+    pub const ALL: [LabelKind; 2] = [LabelKind::Metadata, LabelKind::CompileRegion];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            LabelKind::Metadata => "user_metadata",
+            LabelKind::CompileRegion => "compile_context",
+        }
+    }
+
+    fn of(self, e: &TraceEvent) -> StrId {
+        match self {
+            LabelKind::Metadata => e.user_metadata,
+            LabelKind::CompileRegion => e.compile_context,
+        }
+    }
+}
+
+/// The label of a block: its `alloc` event's, `None` when it has none (or no `alloc` event).
+pub fn label_of(events: &[TraceEvent], b: &BlockLifetime, kind: LabelKind) -> Option<StrId> {
+    let e = events.get(b.alloc_event? as usize)?;
+    let id = kind.of(e);
+    (id != StrId::EMPTY).then_some(id)
+}
+
+/// Bytes of `blocks` per label, largest first (then by name); blocks without a label are one
+/// entry named `None`. Empty when no block has a label, so files without labels show nothing.
+pub fn bytes_by_label<'a>(
+    snap: &Snapshot,
+    events: &[TraceEvent],
+    blocks: impl Iterator<Item = &'a BlockLifetime>,
+    kind: LabelKind,
+) -> Vec<(Option<String>, u64)> {
+    let mut by: BTreeMap<Option<StrId>, u64> = BTreeMap::new();
+    for b in blocks {
+        *by.entry(label_of(events, b, kind)).or_default() += b.size;
+    }
+    if by.keys().all(Option::is_none) {
+        return Vec::new();
+    }
+    let mut out: Vec<(Option<String>, u64)> =
+        by.into_iter().map(|(id, bytes)| (id.map(|id| snap.str(id).to_string()), bytes)).collect();
+    out.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    out
+}
+
+/// One value of a label over the trace: the events that carried it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LabelSpan {
+    pub kind: LabelKind,
+    pub name: String,
+    pub first_event: u32,
+    pub last_event: u32,
+    /// Entries that carried it.
+    pub events: u64,
+}
+
+/// Every label value of the trace, in order of first appearance.
+pub fn label_spans(snap: &Snapshot, events: &[TraceEvent]) -> Vec<LabelSpan> {
+    let mut spans: Vec<LabelSpan> = Vec::new();
+    let mut index: BTreeMap<(LabelKind, StrId), usize> = BTreeMap::new();
+    for (i, e) in events.iter().enumerate() {
+        for kind in LabelKind::ALL {
+            let id = kind.of(e);
+            if id == StrId::EMPTY {
+                continue;
+            }
+            let k = *index.entry((kind, id)).or_insert_with(|| {
+                spans.push(LabelSpan {
+                    kind,
+                    name: snap.str(id).to_string(),
+                    first_event: i as u32,
+                    last_event: i as u32,
+                    events: 0,
+                });
+                spans.len() - 1
+            });
+            spans[k].last_event = i as u32;
+            spans[k].events += 1;
+        }
+    }
+    spans
+}
