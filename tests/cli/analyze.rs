@@ -25,6 +25,7 @@ fn all_fixtures() -> Vec<PathBuf> {
     v.extend(files_in(&fixture("extra"), |n| n.ends_with(".pickle.xz")));
     v.extend(files_in(&fixture("multi"), |n| n.ends_with(".pickle")));
     v.extend(files_in(&fixture("extra2"), |n| n.ends_with(".pickle.xz")));
+    v.extend(files_in(&fixture("formats"), |n| n.ends_with(".pickle.xz")));
     v
 }
 
