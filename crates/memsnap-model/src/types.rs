@@ -81,7 +81,8 @@ pub struct Segment {
     pub requested_size: u64,
     pub stream: u64,
     pub segment_type: SegmentType,
-    /// CUDA-graph private pool id; `(0, 0)` for the default pools.
+    /// `segment_pool_id`: `(0, 0)` for the default pools; a private pool otherwise (see
+    /// [`Segment::pool_kind`]).
     pub pool_id: (u64, u64),
     pub is_expandable: bool,
     /// Where the segment was created.
@@ -89,9 +90,34 @@ pub struct Segment {
     pub blocks: Vec<Block>,
 }
 
+/// Which pool a segment belongs to, from its `segment_pool_id` (c10's `MempoolId_t`): pools
+/// that CUDA graphs make (`torch.cuda.graph_pool_handle()`, a `CUDAGraph` capture, cudagraph
+/// trees) are numbered `(N, 0)`, pools the program makes with `torch.cuda.MemPool()` `(0, N)`
+/// (the real fixtures `formats/f02_cuda_graph_pool` and `formats/f01_mempool` show both).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PoolKind {
+    /// The allocator's ordinary small and large pools: `(0, 0)`.
+    Default,
+    /// A CUDA-graph private pool: `(N, 0)`.
+    CudaGraph,
+    /// A user `MemPool`: `(0, N)`.
+    MemPool,
+    /// Both halves set: no PyTorch writes this; a private pool of unknown kind.
+    Private,
+}
+
 impl Segment {
     pub fn is_private_pool(&self) -> bool {
         self.pool_id != (0, 0)
+    }
+
+    pub fn pool_kind(&self) -> PoolKind {
+        match self.pool_id {
+            (0, 0) => PoolKind::Default,
+            (_, 0) => PoolKind::CudaGraph,
+            (0, _) => PoolKind::MemPool,
+            _ => PoolKind::Private,
+        }
     }
 }
 

@@ -66,8 +66,14 @@ fn pool(s: &SegmentView) -> String {
         SegmentType::Unknown => "pool unknown",
     }
     .to_string();
-    if s.pool_id != (0, 0) {
-        let _ = write!(p, ", private pool ({}, {}) (CUDA graph)", s.pool_id.0, s.pool_id.1);
+    let kind = match (s.pool_id.0, s.pool_id.1) {
+        (0, 0) => None,
+        (_, 0) => Some("CUDA graph pool"),
+        (0, _) => Some("MemPool"),
+        _ => Some("private pool"),
+    };
+    if let Some(kind) = kind {
+        let _ = write!(p, ", {kind} ({}, {})", s.pool_id.0, s.pool_id.1);
     }
     if s.is_expandable {
         p.push_str(", expandable");
