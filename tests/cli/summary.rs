@@ -357,3 +357,12 @@ fn mempools_and_cuda_graph_pools_are_counted_apart() {
     assert_eq!(p["cuda_graph"]["bytes"], t["graph_pool_snapshot"]["total_size"]);
     assert_eq!(p["mempool"]["segments"], 0);
 }
+
+/// A trace recorded with `skip_actions=["free_requested"]` replays exactly (the peaks-equal-truth
+/// test covers it) and says what it lacks; a full trace does not.
+#[test]
+fn a_trace_without_free_requested_says_so() {
+    let caveats = |f: &str| summary_json(&fixture(f))["caveats"].to_string();
+    assert!(caveats("formats/f03_skip_actions.pickle.xz").contains("no free_requested entries"));
+    assert!(!caveats("dev/s01_clean_train.pickle.xz").contains("free_requested"));
+}
