@@ -79,11 +79,11 @@ fn summary_text(l: &Loaded) -> String {
             ("small (2 MiB)", t.pools.small_segments, t.pools.small_bytes),
             ("large", t.pools.large_segments, t.pools.large_bytes),
             (
-                "CUDA graph pools",
-                t.pools.private_segments.saturating_sub(t.pools.mempool_segments),
-                t.pools.private_bytes.saturating_sub(t.pools.mempool_bytes),
+                "graph-private pools",
+                t.pools.private_segments.saturating_sub(t.pools.user_pool_segments),
+                t.pools.private_bytes.saturating_sub(t.pools.user_pool_bytes),
             ),
-            ("MemPools", t.pools.mempool_segments, t.pools.mempool_bytes),
+            ("user pools (MemPool)", t.pools.user_pool_segments, t.pools.user_pool_bytes),
             ("expandable", t.pools.expandable_segments, t.pools.expandable_bytes),
         ] {
             let _ = writeln!(s, "| {:<24}| {:>22} | {:>22} |", format!("  {name}"), c, fmt_bytes(b));
@@ -183,11 +183,11 @@ pub fn device_json(t: &DeviceTotals, f: Option<&TraceFacts>) -> Value {
             "small": {"segments": t.pools.small_segments, "bytes": t.pools.small_bytes},
             "large": {"segments": t.pools.large_segments, "bytes": t.pools.large_bytes},
             "private": {"segments": t.pools.private_segments, "bytes": t.pools.private_bytes},
-            "cuda_graph": {
-                "segments": t.pools.private_segments.saturating_sub(t.pools.mempool_segments),
-                "bytes": t.pools.private_bytes.saturating_sub(t.pools.mempool_bytes),
+            "graph_private": {
+                "segments": t.pools.private_segments.saturating_sub(t.pools.user_pool_segments),
+                "bytes": t.pools.private_bytes.saturating_sub(t.pools.user_pool_bytes),
             },
-            "mempool": {"segments": t.pools.mempool_segments, "bytes": t.pools.mempool_bytes},
+            "user_created": {"segments": t.pools.user_pool_segments, "bytes": t.pools.user_pool_bytes},
             "expandable": {"segments": t.pools.expandable_segments, "bytes": t.pools.expandable_bytes},
         },
         "trace_entries": t.trace_entries,

@@ -332,13 +332,16 @@ fn the_sequential_reader_prints_the_same() {
 }
 
 /// Private pools are told apart by their id, as the live process's own `pool.snapshot()` /
-/// `memory_snapshot(pool_id)` counted them: user MemPools `(0, N)` and CUDA-graph pools `(N, 0)`.
+/// `memory_snapshot(pool_id)` counted them: pools the program created (`MemPool`) `(0, N)`, and
+/// the pool a CUDA graph captured without `pool=` made for itself `(N, 0)`.
 #[test]
-fn mempools_and_cuda_graph_pools_are_counted_apart() {
+fn user_created_and_graph_private_pools_are_counted_apart() {
     let truth = |name: &str| -> serde_json::Value {
         serde_json::from_str(&std::fs::read_to_string(fixture(&format!("formats/{name}.truth.json"))).unwrap()).unwrap()
     };
-    let pools = |name: &str| summary_json(&fixture(&format!("formats/{name}.pickle.xz")))["devices"][0]["segments_by_pool"].clone();
+    let pools = |name: &str| {
+        summary_json(&fixture(&format!("formats/{name}.pickle.xz")))["devices"][0]["segments_by_pool"].clone()
+    };
 
     let t = truth("f01_mempool");
     let (mut segments, mut bytes) = (0, 0);
@@ -347,15 +350,18 @@ fn mempools_and_cuda_graph_pools_are_counted_apart() {
         bytes += pool["snapshot_total_size"].as_u64().unwrap();
     }
     let p = pools("f01_mempool");
-    assert_eq!((p["mempool"]["segments"].as_u64().unwrap(), p["mempool"]["bytes"].as_u64().unwrap()), (segments, bytes));
-    assert_eq!(p["cuda_graph"]["segments"], 0);
+    assert_eq!(
+        (p["user_created"]["segments"].as_u64().unwrap(), p["user_created"]["bytes"].as_u64().unwrap()),
+        (segments, bytes)
+    );
+    assert_eq!(p["graph_private"]["segments"], 0);
     assert_eq!(p["private"]["bytes"].as_u64().unwrap(), bytes);
 
     let t = truth("f02_cuda_graph_pool");
     let p = pools("f02_cuda_graph_pool");
-    assert_eq!(p["cuda_graph"]["segments"], t["graph_pool_snapshot"]["segments"]);
-    assert_eq!(p["cuda_graph"]["bytes"], t["graph_pool_snapshot"]["total_size"]);
-    assert_eq!(p["mempool"]["segments"], 0);
+    assert_eq!(p["graph_private"]["segments"], t["graph_pool_snapshot"]["segments"]);
+    assert_eq!(p["graph_private"]["bytes"], t["graph_pool_snapshot"]["total_size"]);
+    assert_eq!(p["user_created"]["segments"], 0);
 }
 
 /// A trace recorded with `skip_actions=["free_requested"]` replays exactly (the peaks-equal-truth

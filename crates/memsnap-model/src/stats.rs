@@ -47,13 +47,13 @@ pub struct PoolCounts {
     pub small_bytes: u64,
     pub large_segments: u64,
     pub large_bytes: u64,
-    /// Every private pool (CUDA graphs and MemPools together).
+    /// Every private pool (a graph's own and the program's together).
     pub private_segments: u64,
     pub private_bytes: u64,
-    /// The part of the private pools that are user `MemPool`s (`(0, N)` ids); the rest are
-    /// CUDA-graph pools (`(N, 0)`).
-    pub mempool_segments: u64,
-    pub mempool_bytes: u64,
+    /// The part of the private pools the program created (`MemPool`, `graph_pool_handle()`:
+    /// `(0, N)` ids); the rest are graphs' own pools (`(N, 0)`).
+    pub user_pool_segments: u64,
+    pub user_pool_bytes: u64,
     pub expandable_segments: u64,
     pub expandable_bytes: u64,
 }
@@ -101,9 +101,9 @@ impl DeviceTotals {
         *count += 1;
         let mut saturated = false;
         *bytes = sum(*bytes, seg.total_size, &mut saturated);
-        if seg.pool_kind() == crate::PoolKind::MemPool {
-            t.pools.mempool_segments += 1;
-            t.pools.mempool_bytes = sum(t.pools.mempool_bytes, seg.total_size, &mut saturated);
+        if seg.pool_kind() == crate::PoolKind::UserCreated {
+            t.pools.user_pool_segments += 1;
+            t.pools.user_pool_bytes = sum(t.pools.user_pool_bytes, seg.total_size, &mut saturated);
         }
         t.saturated |= saturated;
         // torch counts neither expandable segments nor their free blocks as split segments.

@@ -90,18 +90,21 @@ pub struct Segment {
     pub blocks: Vec<Block>,
 }
 
-/// Which pool a segment belongs to, from its `segment_pool_id` (c10's `MempoolId_t`): pools
-/// that CUDA graphs make (`torch.cuda.graph_pool_handle()`, a `CUDAGraph` capture, cudagraph
-/// trees) are numbered `(N, 0)`, pools the program makes with `torch.cuda.MemPool()` `(0, N)`
-/// (the real fixtures `formats/f02_cuda_graph_pool` and `formats/f01_mempool` show both).
+/// Which pool a segment belongs to, from its `segment_pool_id` (c10's `MempoolId_t`). A CUDA
+/// graph captured without a pool gets a private pool of its own, numbered `(N, 0)`; pools the
+/// program creates are numbered `(0, N)`: `torch.cuda.MemPool()` and
+/// `torch.cuda.graph_pool_handle()`, which graphs share through `pool=` (cudagraph trees share
+/// one that way). The real fixtures `formats/f02_cuda_graph_pool` (`(1, 0)`) and
+/// `formats/f01_mempool` (`(0, 1)`, `(0, 2)`) show both.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PoolKind {
     /// The allocator's ordinary small and large pools: `(0, 0)`.
     Default,
-    /// A CUDA-graph private pool: `(N, 0)`.
-    CudaGraph,
-    /// A user `MemPool`: `(0, N)`.
-    MemPool,
+    /// The private pool of one CUDA graph (and the graphs captured with `pool=` its pool):
+    /// `(N, 0)`.
+    GraphPrivate,
+    /// A pool the program created (`MemPool`, `graph_pool_handle()`): `(0, N)`.
+    UserCreated,
     /// Both halves set: no PyTorch writes this; a private pool of unknown kind.
     Private,
 }
@@ -114,8 +117,8 @@ impl Segment {
     pub fn pool_kind(&self) -> PoolKind {
         match self.pool_id {
             (0, 0) => PoolKind::Default,
-            (_, 0) => PoolKind::CudaGraph,
-            (0, _) => PoolKind::MemPool,
+            (_, 0) => PoolKind::GraphPrivate,
+            (0, _) => PoolKind::UserCreated,
             _ => PoolKind::Private,
         }
     }

@@ -68,8 +68,8 @@ fn pool(s: &SegmentView) -> String {
     .to_string();
     let kind = match (s.pool_id.0, s.pool_id.1) {
         (0, 0) => None,
-        (_, 0) => Some("CUDA graph pool"),
-        (0, _) => Some("MemPool"),
+        (_, 0) => Some("CUDA graph's private pool"),
+        (0, _) => Some("user-created pool (MemPool, graph_pool_handle)"),
         _ => Some("private pool"),
     };
     if let Some(kind) = kind {
