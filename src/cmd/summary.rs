@@ -103,6 +103,17 @@ fn summary_text(l: &Loaded) -> String {
         }
         let _ = writeln!(s, "{rule}");
     }
+    if snap.host.present {
+        let h = &snap.host;
+        let _ = writeln!(
+            s,
+            "\nPinned host memory (not in any device total): {}, {} reserved, {} allocated; {} host trace entries",
+            memsnap_model::count_of(h.segments, "segment"),
+            fmt_bytes(h.reserved_bytes),
+            fmt_bytes(h.allocated_bytes),
+            h.trace_entries
+        );
+    }
     let _ = writeln!(s, "\nTrace");
     if facts.is_empty() {
         let _ = writeln!(s, "  (none)");
@@ -226,6 +237,12 @@ fn summary_fields(l: &Loaded) -> Value {
         "producer": snap.source.producer.name(),
         "allocator_settings": snap.settings.raw,
         "annotations": snap.annotations.len(),
+        "host_memory": snap.host.present.then(|| json!({
+            "segments": snap.host.segments,
+            "reserved_bytes": snap.host.reserved_bytes,
+            "allocated_bytes": snap.host.allocated_bytes,
+            "trace_entries": snap.host.trace_entries,
+        })),
         "caveats": lacks(snap),
         "unknown_keys": snap.source.unknown_keys,
         "unknown_actions": snap.source.unknown_actions,

@@ -372,3 +372,18 @@ fn a_trace_without_free_requested_says_so() {
     assert!(caveats("formats/f03_skip_actions.pickle.xz").contains("no free_requested entries"));
     assert!(!caveats("dev/s01_clean_train.pickle.xz").contains("free_requested"));
 }
+
+/// Pinned host memory (`host_segments`, `host_traces`: torch >= 2.14) is reported on its own and
+/// never mixed into a device total. g01 is the real f01 with host keys added in that shape
+/// (fixtures/gen/make_formats.py), so its device numbers are f01's.
+#[test]
+fn host_memory_is_reported_apart_from_the_devices() {
+    let with = summary_json(&fixture("formats/g01_host_memory.pickle.xz"));
+    let without = summary_json(&fixture("formats/f01_mempool.pickle.xz"));
+    let truth: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("formats/g01_host_memory.truth.json")).unwrap()).unwrap();
+    assert_eq!(with["host_memory"], truth["host_memory"]);
+    assert_eq!(without["host_memory"], serde_json::Value::Null);
+    assert_eq!(with["devices"], without["devices"]);
+    assert!(with["unknown_keys"].as_array().map_or(true, |k| k.is_empty()), "{}", with["unknown_keys"]);
+}

@@ -247,6 +247,19 @@ pub struct AllocatorSettings {
     pub raw: BTreeMap<String, String>,
 }
 
+/// What the file says of pinned host memory: `host_segments` (one block each, `device: -1`)
+/// and the length of `host_traces`. `present` is false when the file has neither key.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HostMemory {
+    pub present: bool,
+    pub segments: u64,
+    /// Sum of the host segments' `total_size`.
+    pub reserved_bytes: u64,
+    /// Sum of the sizes of their `active_allocated` blocks.
+    pub allocated_bytes: u64,
+    pub trace_entries: u64,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Annotation {
     pub name: String,
@@ -313,11 +326,15 @@ pub struct SourceInfo {
 /// A whole memory snapshot.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Snapshot {
+    /// Device segments. Pinned host memory is never among them (see [`Snapshot::host`]).
     pub segments: Vec<Segment>,
     /// One per device index that the file lists (index in the file = `device`).
     pub traces: Vec<DeviceTrace>,
     pub settings: AllocatorSettings,
     pub annotations: Vec<Annotation>,
+    /// Pinned host memory (`host_segments`, `host_traces`; torch >= 2.14 with
+    /// `record_pinned_host_memory=True`), kept apart from every device total.
+    pub host: HostMemory,
     pub strings: Vec<String>,
     pub frames: Vec<Frame>,
     pub stacks: Vec<Stack>,

@@ -652,7 +652,14 @@ impl Builder {
         let mut conv = Converter { b: &mut self, heap: &heap, source: &mut snap.source, budget };
         match root {
             Value::Dict(d) => {
-                conv.top_dict(d, &mut snap.segments, &mut snap.traces, &mut snap.settings, &mut snap.annotations)?
+                let parts = TopLevel {
+                    segments: &mut snap.segments,
+                    traces: &mut snap.traces,
+                    settings: &mut snap.settings,
+                    annotations: &mut snap.annotations,
+                    host: &mut snap.host,
+                };
+                conv.top_dict(d, parts)?
             }
             Value::List(_) => {
                 conv.source.bare_segment_list = true;
@@ -723,6 +730,15 @@ impl Compactor for Builder {
     }
 }
 
+/// The parts of a [`Snapshot`] the top-level dict fills (its `source` is lent to the converter).
+struct TopLevel<'a> {
+    segments: &'a mut Vec<Segment>,
+    traces: &'a mut Vec<DeviceTrace>,
+    settings: &'a mut AllocatorSettings,
+    annotations: &'a mut Vec<Annotation>,
+    host: &'a mut HostMemory,
+}
+
 struct Converter<'b, 'h, 'a> {
     b: &'b mut Builder,
     heap: &'h Heap<'a>,
@@ -780,14 +796,8 @@ impl Converter<'_, '_, '_> {
         self.heap.seq_len(v).ok_or_else(|| shape(path, format!("expected a list, found {}", describe(self.heap, v))))
     }
 
-    fn top_dict(
-        &mut self,
-        d: u32,
-        segments: &mut Vec<Segment>,
-        traces: &mut Vec<DeviceTrace>,
-        settings: &mut AllocatorSettings,
-        annotations: &mut Vec<Annotation>,
-    ) -> Result<(), ReadError> {
+    /// The top-level dict's keys, each into its part of the snapshot.
+    fn top_dict(&mut self, d: u32, snap: TopLevel<'_>) -> Result<(), ReadError> {
         let mut items = self.dict_items(Value::Dict(d), "$")?;
         // A key given twice: the last value wins, as when Python loads the dict (and a trace
         // list is converted only once).
@@ -797,15 +807,19 @@ impl Converter<'_, '_, '_> {
         items.reverse();
         for (key, v) in items {
             match key.as_str() {
-                "segments" => *segments = self.segments(v, "segments")?,
+                "segments" => *snap.segments = self.segments(v, "segments")?,
                 "device_traces" => {
                     self.source.has_trace_key = true;
-                    *traces = self.traces(v)?;
+                    *snap.traces = self.traces(v)?;
                 }
-                "allocator_settings" => *settings = self.settings(v)?,
-                "external_annotations" => *annotations = self.annotations(v)?,
-                // Pinned host memory (newest torch): not CUDA device memory; not modelled.
-                "host_segments" | "host_traces" => {}
+                "allocator_settings" => *snap.settings = self.settings(v)?,
+                "external_annotations" => *snap.annotations = self.annotations(v)?,
+                // Pinned host memory (torch >= 2.14): counted apart, never in device totals.
+                "host_segments" => self.host_segments(v, snap.host)?,
+                "host_traces" => {
+                    snap.host.present = true;
+                    snap.host.trace_entries = self.seq(v, "host_traces")? as u64;
+                }
                 other => self.unknown(other.to_string()),
             }
         }
@@ -927,6 +941,47 @@ impl Converter<'_, '_, '_> {
             }
             other => Err(shape(path, format!("expected a trace entry dict, found {}", describe(self.heap, other)))),
         }
+    }
+
+    /// `host_segments`: per segment its `total_size` and the sizes of its allocated blocks
+    /// (their addresses, streams and stacks are not modelled).
+    fn host_segments(&mut self, v: Value, host: &mut HostMemory) -> Result<(), ReadError> {
+        host.present = true;
+        let heap = self.heap;
+        let n = self.seq(v, "host_segments")?;
+        for i in 0..n {
+            self.charge(1, "host_segments")?;
+            let path = format!("host_segments[{i}]");
+            let seg = heap.seq_get(v, i).unwrap_or(Value::None);
+            host.segments += 1;
+            for (key, val) in self.dict_items(seg, &path)? {
+                let kp = format!("{path}.{key}");
+                match key.as_str() {
+                    "total_size" => {
+                        host.reserved_bytes = host.reserved_bytes.saturating_add(field(as_size(heap, val, ""), &kp)?)
+                    }
+                    "blocks" => {
+                        for k in 0..self.seq(val, &kp)? {
+                            let bp = format!("{kp}[{k}]");
+                            let block = heap.seq_get(val, k).unwrap_or(Value::None);
+                            let (mut size, mut allocated) = (0, false);
+                            for (bk, bv) in self.dict_items(block, &bp)? {
+                                match bk.as_str() {
+                                    "size" => size = field(as_size(heap, bv, ""), &format!("{bp}.size"))?,
+                                    "state" => allocated = heap.as_str(bv) == Some("active_allocated"),
+                                    _ => {}
+                                }
+                            }
+                            if allocated {
+                                host.allocated_bytes = host.allocated_bytes.saturating_add(size);
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
     }
 
     fn segments(&mut self, v: Value, path: &str) -> Result<Vec<Segment>, ReadError> {

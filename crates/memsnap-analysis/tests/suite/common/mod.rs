@@ -323,6 +323,7 @@ impl TraceBuilder {
                 raw: BTreeMap::new(),
             },
             annotations: Vec::new(),
+            host: Default::default(),
             strings: self.strings,
             frames: self.frames,
             stacks: self.stacks,
