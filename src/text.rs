@@ -19,15 +19,6 @@ pub fn category_title(c: Category) -> &'static str {
     }
 }
 
-/// "block" or "blocks", padded to one width for a column of counts.
-pub fn blocks_word(n: u64) -> &'static str {
-    if n == 1 {
-        "block "
-    } else {
-        "blocks"
-    }
-}
-
 /// The time of the first timed event of `events`: the origin of every relative time a text
 /// output prints for that device.
 pub fn trace_origin(events: &[memsnap_model::TraceEvent]) -> Option<i64> {
@@ -60,15 +51,6 @@ pub fn utc(time_us: i64) -> String {
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
     format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}.{micros:06} UTC", sod / 3600, sod % 3600 / 60, sod % 60)
-}
-
-/// Bytes humanised, then exact: `134.02 MiB (140526592 bytes)`; exactly `0 bytes` and
-/// `512 bytes` where the humanised form would say the same thing.
-pub fn bytes_exact(b: u64) -> String {
-    if b < 1024 {
-        return memsnap_model::count_of(b, "byte");
-    }
-    format!("{} ({b} bytes)", fmt_bytes(b))
 }
 
 /// Columns to wrap paragraphs to: `$COLUMNS` when set, else the width of the terminal stdout
@@ -132,13 +114,6 @@ mod tests {
         assert_eq!(utc(-1), "1969-12-31 23:59:59.999999 UTC");
         // The extremes of i64 do not overflow.
         assert!(utc(i64::MIN + 1).ends_with("UTC") && utc(i64::MAX).ends_with("UTC"));
-    }
-
-    #[test]
-    fn bytes_are_humanised_then_exact() {
-        assert_eq!(bytes_exact(140_526_592), "134.02 MiB (140526592 bytes)");
-        assert_eq!(bytes_exact(0), "0 bytes");
-        assert_eq!(bytes_exact(1), "1 byte");
     }
 
     #[test]

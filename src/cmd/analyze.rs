@@ -5,13 +5,13 @@ use std::fmt::Write as _;
 use std::process::ExitCode;
 
 use memsnap_analysis::Moment;
-use memsnap_model::{clip, printable, shown};
+use memsnap_model::{agree, clip, printable, shown};
 use serde_json::{json, Value};
 
 use crate::emit::{emit, shown_path};
 use crate::json::{site_json, suspect_json};
 use crate::pipeline::{analyze_file, file_name, lacks, Analyzed};
-use crate::text::{blocks_word, bytes_exact, category_title, fmt_bytes, since_start, trace_origin, wrap, wrap_width};
+use crate::text::{category_title, fmt_bytes, since_start, trace_origin, wrap, wrap_width};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -40,8 +40,8 @@ pub enum By {
 const TOP_LABELS: usize = 8;
 
 /// A label value as text: quoted (it is the program's string), or "(no label)".
-fn label_text(label: &Option<String>) -> String {
-    label.as_ref().map_or_else(|| "(no label)".to_string(), |l| format!("{:?}", clip(l)))
+fn label_text(label: Option<&str>) -> String {
+    label.map_or_else(|| "(no label)".to_string(), |l| format!("{:?}", clip(l)))
 }
 
 /// `label 1.00 MiB, …` for the first [`TOP_LABELS`], then how many more.
@@ -49,7 +49,7 @@ fn labels_line(labels: &[(Option<String>, u64)]) -> String {
     let mut parts: Vec<String> = labels
         .iter()
         .take(TOP_LABELS)
-        .map(|(l, b)| format!("{} {}", printable(&label_text(l)), fmt_bytes(*b)))
+        .map(|(l, b)| format!("{} {}", printable(&label_text(l.as_deref())), fmt_bytes(*b)))
         .collect();
     if labels.len() > TOP_LABELS {
         let rest: u64 = labels[TOP_LABELS..].iter().map(|x| x.1).sum();
@@ -229,7 +229,7 @@ fn analysis_text(a: &Analyzed, top: usize, by: By) -> String {
                 "  replay matches snapshot: {}; trace complete: {}; uncertain at start: {}",
                 if r.check.matches_snapshot { "yes" } else { "NO" },
                 if r.start.trace_complete { "yes" } else { "no" },
-                bytes_exact(r.start.uncertain_bytes)
+                memsnap_model::bytes_exact(r.start.uncertain_bytes)
             );
         }
         let p = &da.phases;
@@ -256,7 +256,7 @@ fn analysis_text(a: &Analyzed, top: usize, by: By) -> String {
                     format!(
                         "{} {} events {}-{}",
                         l.kind.name(),
-                        printable(&label_text(&Some(l.name.clone()))),
+                        printable(&label_text(Some(&l.name))),
                         l.first_event,
                         l.last_event
                     )
@@ -286,16 +286,16 @@ fn analysis_text(a: &Analyzed, top: usize, by: By) -> String {
                     let _ = writeln!(s, "    (no live block carries this label)");
                 }
                 for (label, bytes) in labels.iter().take(top) {
-                    let _ = writeln!(s, "    {:>12}  {}", fmt_bytes(*bytes), printable(&label_text(label)));
+                    let _ = writeln!(s, "    {:>12}  {}", fmt_bytes(*bytes), printable(&label_text(label.as_deref())));
                 }
             }
             for site in m.by_site.iter().take(top).filter(|_| labels.is_none()) {
                 let _ = writeln!(
                     s,
-                    "    {:>12}  {:>6} {}  {}",
+                    "    {:>12}  {:>6} {:<6}  {}",
                     fmt_bytes(site.bytes),
                     site.blocks,
-                    blocks_word(site.blocks),
+                    agree(site.blocks, "block", "blocks"),
                     printable(&site.label)
                 );
             }
@@ -303,10 +303,10 @@ fn analysis_text(a: &Analyzed, top: usize, by: By) -> String {
                 let rest = &m.by_site[top..];
                 let _ = writeln!(
                     s,
-                    "    {:>12}  {:>6} {}  ({} more sites)",
+                    "    {:>12}  {:>6} {:<6}  ({} more sites)",
                     fmt_bytes(rest.iter().map(|x| x.bytes).sum()),
                     rest.iter().map(|x| x.blocks).sum::<u64>(),
-                    blocks_word(rest.iter().map(|x| x.blocks).sum()),
+                    agree(rest.iter().map(|x| x.blocks).sum(), "block", "blocks"),
                     rest.len()
                 );
             }

@@ -78,11 +78,7 @@ fn summary_text(l: &Loaded) -> String {
         for (name, c, b) in [
             ("small (2 MiB)", t.pools.small_segments, t.pools.small_bytes),
             ("large", t.pools.large_segments, t.pools.large_bytes),
-            (
-                "graph-private pools",
-                t.pools.private_segments.saturating_sub(t.pools.user_pool_segments),
-                t.pools.private_bytes.saturating_sub(t.pools.user_pool_bytes),
-            ),
+            ("graph-private pools", t.pools.graph_private().0, t.pools.graph_private().1),
             ("user pools (MemPool)", t.pools.user_pool_segments, t.pools.user_pool_bytes),
             ("expandable", t.pools.expandable_segments, t.pools.expandable_bytes),
         ] {
@@ -194,10 +190,7 @@ pub fn device_json(t: &DeviceTotals, f: Option<&TraceFacts>) -> Value {
             "small": {"segments": t.pools.small_segments, "bytes": t.pools.small_bytes},
             "large": {"segments": t.pools.large_segments, "bytes": t.pools.large_bytes},
             "private": {"segments": t.pools.private_segments, "bytes": t.pools.private_bytes},
-            "graph_private": {
-                "segments": t.pools.private_segments.saturating_sub(t.pools.user_pool_segments),
-                "bytes": t.pools.private_bytes.saturating_sub(t.pools.user_pool_bytes),
-            },
+            "graph_private": {"segments": t.pools.graph_private().0, "bytes": t.pools.graph_private().1},
             "user_created": {"segments": t.pools.user_pool_segments, "bytes": t.pools.user_pool_bytes},
             "expandable": {"segments": t.pools.expandable_segments, "bytes": t.pools.expandable_bytes},
         },

@@ -35,7 +35,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let _ = writeln!(out, "memsnap trace: {}", shown_path(&loaded.path));
     for d in devices {
         let events = snap.trace(d.device).map_or(&[][..], |t| t.events.as_slice());
-        let first_time = events.iter().find(|e| e.has_time()).map(|e| e.time_us);
+        let first_time = crate::text::trace_origin(events);
         let _ = writeln!(
             out,
             "\ndevice {}: {}{}",

@@ -4,7 +4,10 @@
 //! recorded while it is set) and `compile_context` (the `torch.compile` region, e.g.
 //! "Torch-Compiled Region: 0/0", active when the allocation was made). Both are properties of
 //! the allocation event, so a block's label is its `alloc` event's; blocks from before the trace
-//! have none.
+//! have none. The metadata is per thread: what autograd's engine thread allocates during a
+//! backward pass carries none, even inside a labelled phase (fixture `formats/f04_metadata`: its
+//! 1,535 unlabelled entries are exactly the frameless backward ones), so "(no label)" is not
+//! "outside every phase".
 //!
 //! A label that is set for a while is also a named phase: [`label_spans`] gives, per distinct
 //! value, the first and last event that carried it.
@@ -48,25 +51,34 @@ pub fn label_of(events: &[TraceEvent], b: &BlockLifetime, kind: LabelKind) -> Op
     (id != StrId::EMPTY).then_some(id)
 }
 
-/// Bytes of `blocks` per label, largest first (then by name); blocks without a label are one
-/// entry named `None`. Empty when no block has a label, so files without labels show nothing.
-pub fn bytes_by_label<'a>(
-    snap: &Snapshot,
-    events: &[TraceEvent],
-    blocks: impl Iterator<Item = &'a BlockLifetime>,
-    kind: LabelKind,
-) -> Vec<(Option<String>, u64)> {
-    let mut by: BTreeMap<Option<StrId>, u64> = BTreeMap::new();
-    for b in blocks {
-        *by.entry(label_of(events, b, kind)).or_default() += b.size;
+/// Bytes per label of each kind, added block by block (in the one pass over a moment's live
+/// blocks that also sums sites and categories).
+#[derive(Default)]
+pub struct LabelTally {
+    /// Indexed by `LabelKind as usize`.
+    by: [BTreeMap<Option<StrId>, u64>; LabelKind::ALL.len()],
+}
+
+impl LabelTally {
+    pub fn add(&mut self, events: &[TraceEvent], b: &BlockLifetime) {
+        for kind in LabelKind::ALL {
+            *self.by[kind as usize].entry(label_of(events, b, kind)).or_default() += b.size;
+        }
     }
-    if by.keys().all(Option::is_none) {
-        return Vec::new();
+
+    /// Bytes per label of `kind`, largest first (then by name); blocks without a label are one
+    /// entry named `None`. Empty when no block had a label, so files without labels show
+    /// nothing.
+    pub fn bytes(&self, snap: &Snapshot, kind: LabelKind) -> Vec<(Option<String>, u64)> {
+        let by = &self.by[kind as usize];
+        if by.keys().all(Option::is_none) {
+            return Vec::new();
+        }
+        let mut out: Vec<(Option<String>, u64)> =
+            by.iter().map(|(id, bytes)| (id.map(|id| snap.str(id).to_string()), *bytes)).collect();
+        out.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        out
     }
-    let mut out: Vec<(Option<String>, u64)> =
-        by.into_iter().map(|(id, bytes)| (id.map(|id| snap.str(id).to_string()), bytes)).collect();
-    out.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    out
 }
 
 /// One value of a label over the trace: the events that carried it.

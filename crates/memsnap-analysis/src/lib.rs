@@ -34,7 +34,7 @@ pub use evidence::{
     SuspectKind,
 };
 pub use graph::{frame_label, LiveBlock, MemoryGraph, Node, AUTOGRAD, NO_FRAMES, PRE_TRACE};
-pub use labels::{bytes_by_label, label_of, label_spans, LabelKind, LabelSpan};
+pub use labels::{label_of, label_spans, LabelKind, LabelSpan, LabelTally};
 pub use lifecycle::{lifecycle, BlockFate, Lifecycle, Unit, UnitBlock, UnitFate};
 pub use phases::{find_phases, Backward, ForwardPass, IterationSource, Phases, Span};
 pub use site::{short_path, Site};
@@ -67,7 +67,7 @@ pub struct Moment {
     /// Bytes per phase that allocated them, in [`AllocPhase::ALL`] order.
     pub by_phase: Vec<(AllocPhase, u64)>,
     /// Bytes per `user_metadata` value of the allocation (`None`: no label), largest first;
-    /// empty when no live block has one ([`bytes_by_label`]).
+    /// empty when no live block has one ([`LabelTally::bytes`]).
     pub by_metadata: Vec<(Option<String>, u64)>,
     /// The same per `torch.compile` region (`compile_context`).
     pub by_compile_region: Vec<(Option<String>, u64)>,
@@ -165,9 +165,9 @@ pub fn moment(
     let mut by_cat: BTreeMap<Category, u64> = BTreeMap::new();
     let mut by_phase: BTreeMap<AllocPhase, u64> = BTreeMap::new();
     let mut live = Vec::new();
-    let by_metadata = bytes_by_label(snap, events, live_at(d, t), LabelKind::Metadata);
-    let by_compile_region = bytes_by_label(snap, events, live_at(d, t), LabelKind::CompileRegion);
+    let mut labels = LabelTally::default();
     for b in live_at(d, t) {
+        labels.add(events, b);
         let (attr, stack) = attribute(events, phases, stacks, b);
         let e = by_attr.entry(attr).or_default();
         e.0 += b.size;
@@ -199,8 +199,8 @@ pub fn moment(
         by_site,
         by_category: Category::ALL.iter().map(|c| (*c, by_cat.get(c).copied().unwrap_or(0))).collect(),
         by_phase: AllocPhase::ALL.iter().map(|p| (*p, by_phase.get(p).copied().unwrap_or(0))).collect(),
-        by_metadata,
-        by_compile_region,
+        by_metadata: labels.bytes(snap, LabelKind::Metadata),
+        by_compile_region: labels.bytes(snap, LabelKind::CompileRegion),
         cached_free: totals.reserved.saturating_sub(totals.allocated),
     };
     (m, live)
@@ -230,8 +230,8 @@ fn analyze_device(
             let n = d.start.blocks as u64;
             caveats.push(format!(
                 "trace starts mid-run: {} before the first event ({} of {} are uncertain); {} no allocation stack",
-                render::plural(n, "block existed", "blocks existed"),
-                render::bytes_exact(d.start.uncertain_bytes),
+                memsnap_model::plural(n, "block existed", "blocks existed"),
+                memsnap_model::bytes_exact(d.start.uncertain_bytes),
                 if n == 1 { "its size" } else { "their sizes" },
                 if n == 1 { "it has" } else { "they have" }
             ));
@@ -248,13 +248,13 @@ fn analyze_device(
         if backward_bytes > 0 {
             caveats.push(format!(
                 "{} at the peak were allocated by the autograd engine without Python frames; they are attributed to the .backward() line that launched them",
-                render::bytes_exact(backward_bytes)
+                memsnap_model::bytes_exact(backward_bytes)
             ));
         }
         if !d.check.matches_snapshot {
             caveats.push(format!(
                 "replay does not reproduce the dump-time segment table ({}): totals over time may be approximate",
-                render::plural(d.check.mismatch_count as u64, "difference", "differences")
+                memsnap_model::plural(d.check.mismatch_count as u64, "difference", "differences")
             ));
         }
     }

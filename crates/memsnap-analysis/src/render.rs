@@ -1,35 +1,12 @@
 //! The words of a suspect, rendered from its typed facts. Nothing here decides anything.
 
-use memsnap_model::format_bytes;
+use memsnap_model::{agree, format_bytes, plural};
 
 use crate::evidence::{Evidence, GradientHold, GraphHold, LeakOrigin, Occurrence, OomCause, Severity, Suspect};
 use crate::site::Site;
 
 fn site(s: &Option<Site>) -> String {
     s.as_ref().map_or("an unknown line".to_string(), |s| s.short())
-}
-
-/// `1 block`, `2 blocks`: a count with the form of its noun that agrees with it.
-pub(crate) fn plural(n: u64, one: &str, many: &str) -> String {
-    format!("{n} {}", if n == 1 { one } else { many })
-}
-
-/// The word that agrees with a count: `one` for 1, `many` otherwise (`is`/`are`, `its`/`their`).
-fn agree(n: u64, one: &'static str, many: &'static str) -> &'static str {
-    if n == 1 {
-        one
-    } else {
-        many
-    }
-}
-
-/// Bytes humanised, then exact: `134.02 MiB (140526592 bytes)`; just `0 bytes`, `1 byte`,
-/// `512 bytes` below 1 KiB, where the humanised form would say the same thing.
-pub(crate) fn bytes_exact(b: u64) -> String {
-    if b < 1024 {
-        return plural(b, "byte", "bytes");
-    }
-    format!("{} ({b} bytes)", format_bytes(b, 2))
 }
 
 /// `1 forward pass`, `2 forward passes`.
@@ -274,19 +251,9 @@ mod tests {
     use crate::evidence::SuspectKind;
 
     #[test]
-    fn counts_agree_with_their_nouns() {
-        assert_eq!(plural(1, "block", "blocks"), "1 block");
-        assert_eq!(plural(0, "block", "blocks"), "0 blocks");
+    fn forward_passes_agree_with_their_count() {
         assert_eq!(forward_passes(1), "1 forward pass");
         assert_eq!(forward_passes(3), "3 forward passes");
-    }
-
-    #[test]
-    fn bytes_humanised_then_exact() {
-        assert_eq!(bytes_exact(0), "0 bytes");
-        assert_eq!(bytes_exact(1), "1 byte");
-        assert_eq!(bytes_exact(512), "512 bytes");
-        assert_eq!(bytes_exact(140526592), "134.02 MiB (140526592 bytes)");
     }
 
     fn leak(blocks: u64, eligible: usize, occurrence: Occurrence) -> Suspect {

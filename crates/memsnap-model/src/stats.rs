@@ -58,6 +58,17 @@ pub struct PoolCounts {
     pub expandable_bytes: u64,
 }
 
+impl PoolCounts {
+    /// Segments and bytes of the graphs' own private pools (`(N, 0)` ids): the private pools
+    /// the program did not create.
+    pub fn graph_private(&self) -> (u64, u64) {
+        (
+            self.private_segments.saturating_sub(self.user_pool_segments),
+            self.private_bytes.saturating_sub(self.user_pool_bytes),
+        )
+    }
+}
+
 /// Facts about a device's trace.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TraceFacts {

@@ -109,18 +109,35 @@ pub enum PoolKind {
     Private,
 }
 
+impl PoolKind {
+    /// The kind of a `segment_pool_id`.
+    pub fn of(pool_id: (u64, u64)) -> PoolKind {
+        match pool_id {
+            (0, 0) => PoolKind::Default,
+            (_, 0) => PoolKind::GraphPrivate,
+            (0, _) => PoolKind::UserCreated,
+            _ => PoolKind::Private,
+        }
+    }
+
+    /// How the segment map names a private pool (`None` for the default pools).
+    pub fn title(self) -> Option<&'static str> {
+        match self {
+            PoolKind::Default => None,
+            PoolKind::GraphPrivate => Some("CUDA graph's private pool"),
+            PoolKind::UserCreated => Some("user-created pool (MemPool, graph_pool_handle)"),
+            PoolKind::Private => Some("private pool"),
+        }
+    }
+}
+
 impl Segment {
     pub fn is_private_pool(&self) -> bool {
         self.pool_id != (0, 0)
     }
 
     pub fn pool_kind(&self) -> PoolKind {
-        match self.pool_id {
-            (0, 0) => PoolKind::Default,
-            (_, 0) => PoolKind::GraphPrivate,
-            (0, _) => PoolKind::UserCreated,
-            _ => PoolKind::Private,
-        }
+        PoolKind::of(self.pool_id)
     }
 }
 
@@ -472,8 +489,8 @@ pub fn format_bytes(b: u64, decimals: usize) -> String {
     }
 }
 
-/// `1 block`, `3 blocks`: a count with its noun, singular for one. `noun` is the singular; the
-/// plural adds `s` (every noun memsnap counts does).
+/// `1 block`, `3 blocks`: a count with its noun, singular for one. `noun` is the singular and
+/// the plural adds `s`; [`plural`] takes both forms (`pass`, `passes`).
 pub fn count_of(n: u64, noun: &str) -> String {
     if n == 1 {
         format!("1 {noun}")
@@ -482,8 +499,54 @@ pub fn count_of(n: u64, noun: &str) -> String {
     }
 }
 
+/// `1 forward pass`, `2 forward passes`: a count with the form of its noun that agrees.
+pub fn plural(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", agree(n, one, many))
+}
+
+/// The word that agrees with a count: `one` for 1, `many` otherwise (`block`/`blocks`,
+/// `is`/`are`, `its`/`their`).
+pub fn agree<'a>(n: u64, one: &'a str, many: &'a str) -> &'a str {
+    if n == 1 {
+        one
+    } else {
+        many
+    }
+}
+
+/// Bytes humanised, then exact: `134.02 MiB (140526592 bytes)`; just `0 bytes`, `1 byte`,
+/// `512 bytes` below 1 KiB, where the humanised form would say the same thing.
+pub fn bytes_exact(b: u64) -> String {
+    if b < 1024 {
+        return plural(b, "byte", "bytes");
+    }
+    format!("{} ({b} bytes)", format_bytes(b, 2))
+}
+
 /// The entry for `device` in a table sorted by device (every per-device table in memsnap is), in
 /// O(log n): a lookup per device must not make per-device work quadratic.
 pub fn find_device<T>(sorted: &[T], device: u32, key: impl Fn(&T) -> u32) -> Option<&T> {
     sorted.binary_search_by_key(&device, key).ok().map(|i| &sorted[i])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_agree_with_their_nouns() {
+        assert_eq!(plural(1, "block", "blocks"), "1 block");
+        assert_eq!(plural(0, "block", "blocks"), "0 blocks");
+        assert_eq!(count_of(1, "segment"), "1 segment");
+        assert_eq!(count_of(2, "segment"), "2 segments");
+        assert_eq!(agree(1, "is", "are"), "is");
+    }
+
+    #[test]
+    fn bytes_humanised_then_exact() {
+        assert_eq!(bytes_exact(0), "0 bytes");
+        assert_eq!(bytes_exact(1), "1 byte");
+        assert_eq!(bytes_exact(512), "512 bytes");
+        assert_eq!(bytes_exact(140526592), "134.02 MiB (140526592 bytes)");
+    }
 }

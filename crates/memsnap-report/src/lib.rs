@@ -283,7 +283,7 @@ fn device_report(
                 "{} in {} {} {when}. Outermost frame on top; frameless backward allocations sit under the .backward() line that launched them.{}",
                 fmt_bytes(peak.allocated),
                 fmt_count(da.peak_blocks.len() as u64),
-                if da.peak_blocks.len() == 1 { "block" } else { "blocks" },
+                memsnap_model::agree(da.peak_blocks.len() as u64, "block", "blocks"),
                 if hidden_native { " C++ frames hidden (memsnap flamegraph --native shows them)." } else { "" }
             ),
             root_label: "all allocated memory at the peak".into(),

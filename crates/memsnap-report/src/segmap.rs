@@ -66,13 +66,7 @@ fn pool(s: &SegmentView) -> String {
         SegmentType::Unknown => "pool unknown",
     }
     .to_string();
-    let kind = match (s.pool_id.0, s.pool_id.1) {
-        (0, 0) => None,
-        (_, 0) => Some("CUDA graph's private pool"),
-        (0, _) => Some("user-created pool (MemPool, graph_pool_handle)"),
-        _ => Some("private pool"),
-    };
-    if let Some(kind) = kind {
+    if let Some(kind) = memsnap_model::PoolKind::of(s.pool_id).title() {
         let _ = write!(p, ", {kind} ({}, {})", s.pool_id.0, s.pool_id.1);
     }
     if s.is_expandable {
@@ -302,7 +296,7 @@ pub fn render(m: &SegmentMap, width: f64) -> String {
         fmt_bytes(m.pending),
         fmt_bytes(m.free),
         fmt_count(m.free_blocks as u64),
-        if m.free_blocks == 1 { "block" } else { "blocks" }
+        memsnap_model::agree(m.free_blocks as u64, "block", "blocks")
     );
     let _ = writeln!(s, r##"<text x="10" y="35" font-size="12" fill="#555555">{}</text>"##, escape(&summary));
     let mut x = 10.0;

@@ -943,8 +943,8 @@ impl Converter<'_, '_, '_> {
         }
     }
 
-    /// `host_segments`: per segment its `total_size` and the sizes of its allocated blocks
-    /// (their addresses, streams and stacks are not modelled).
+    /// `host_segments`: per segment its `total_size` and the sizes of its allocated blocks, each
+    /// read as a device block is (their addresses, streams and stacks are not kept).
     fn host_segments(&mut self, v: Value, host: &mut HostMemory) -> Result<(), ReadError> {
         host.present = true;
         let heap = self.heap;
@@ -962,18 +962,12 @@ impl Converter<'_, '_, '_> {
                     }
                     "blocks" => {
                         for k in 0..self.seq(val, &kp)? {
-                            let bp = format!("{kp}[{k}]");
-                            let block = heap.seq_get(val, k).unwrap_or(Value::None);
-                            let (mut size, mut allocated) = (0, false);
-                            for (bk, bv) in self.dict_items(block, &bp)? {
-                                match bk.as_str() {
-                                    "size" => size = field(as_size(heap, bv, ""), &format!("{bp}.size"))?,
-                                    "state" => allocated = heap.as_str(bv) == Some("active_allocated"),
-                                    _ => {}
-                                }
-                            }
-                            if allocated {
-                                host.allocated_bytes = host.allocated_bytes.saturating_add(size);
+                            self.charge(1, &kp)?;
+                            let item = heap.seq_get(val, k).unwrap_or(Value::None);
+                            // Read as device blocks are (the address is not needed).
+                            let block = self.block(item, &format!("{kp}[{k}]"), 0)?;
+                            if block.state == BlockState::Allocated {
+                                host.allocated_bytes = host.allocated_bytes.saturating_add(block.size);
                             }
                         }
                     }
