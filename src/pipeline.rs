@@ -98,9 +98,10 @@ pub fn lacks(snap: &Snapshot) -> Vec<String> {
         let (blocks, bytes) = pre_trace_blocks(snap);
         if blocks > 0 {
             out.push(format!(
-                "trace starts mid-run: {} ({}, {bytes} bytes) alive at dump were allocated before the first event (recording started late, or the ring buffer wrapped); they have no allocation stack",
+                "trace starts mid-run: {} ({}, {bytes} bytes) alive at dump were allocated before the first event ({}); they have no allocation stack",
                 memsnap_model::count_of(blocks, "block"),
-                memsnap_model::format_bytes(bytes, 2)
+                memsnap_model::format_bytes(bytes, 2),
+                snap.mid_run_cause()
             ));
         }
         // `_record_memory_history(skip_actions=[...])` leaves whole actions out (fixture f03).
@@ -118,7 +119,9 @@ pub fn lacks(snap: &Snapshot) -> Vec<String> {
             out.push("no alloc entries (recorded with skip_actions?): blocks have no allocation stack and the peak cannot be established".into());
         }
         let untimed: u64 = facts.iter().map(|f| f.events_without_time).sum();
-        if untimed > 0 {
+        if snap.profiler_converted() {
+            out.push(profiler_caveat(snap));
+        } else if untimed > 0 {
             out.push(format!("{untimed} trace events have no time_us (torch < 2.2 or a profiler-made file)"));
         }
     }
@@ -169,4 +172,20 @@ pub fn pre_trace_blocks(snap: &Snapshot) -> (u64, u64) {
         }
     }
     (blocks, bytes)
+}
+
+/// What a file made by `_profile_to_snapshot` cannot say (crates/memsnap-model/src/origin.rs).
+fn profiler_caveat(snap: &Snapshot) -> String {
+    let cpu = snap
+        .profiler_cpu_device()
+        .map_or(String::new(), |d| format!("; device {d} is CPU memory, which the converter files after the GPUs"));
+    format!(
+        "converted from profiler output (torch.cuda._memory_viz._profile_to_snapshot): each device's one segment is the address range of the tensors the profiler saw, not memory reserved from the GPU, so reserved is not established (null in JSON); the trace lists tensors made and destroyed, without times (a tensor written in place shows as freed and allocated again at its address), and frames name Python functions only, without files or lines{cpu}"
+    )
+}
+
+/// Reserved bytes as the file establishes them: `None` for a profiler-converted file, whose
+/// segments are made-up address ranges.
+pub fn reserved_known(snap: &Snapshot, bytes: u64) -> Option<u64> {
+    (!snap.profiler_converted()).then_some(bytes)
 }

@@ -73,7 +73,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn moment_json(m: &Moment, top: usize) -> Value {
+fn moment_json(m: &Moment, top: usize, reserved_known: bool) -> Value {
     let mut sites: Vec<Value> = m
         .by_site
         .iter()
@@ -95,12 +95,12 @@ fn moment_json(m: &Moment, top: usize) -> Value {
     for (c, b) in &m.by_category {
         cats.insert(c.name().to_string(), json!(b));
     }
-    cats.insert("cached_free".into(), json!(m.cached_free));
+    cats.insert("cached_free".into(), json!(reserved_known.then_some(m.cached_free)));
     json!({
         "event_index": m.event_index,
         "time_us": m.time_us,
         "allocated_bytes": m.allocated,
-        "reserved_bytes": m.reserved,
+        "reserved_bytes": reserved_known.then_some(m.reserved),
         "by_site": sites,
         "by_category": cats,
         "by_phase": m.by_phase.iter().map(|(p, b)| (p.name().to_string(), json!(b))).collect::<serde_json::Map<_, _>>(),
@@ -113,6 +113,7 @@ fn moment_json(m: &Moment, top: usize) -> Value {
 fn write_analysis_json(out: &mut dyn std::io::Write, a: &Analyzed) -> std::io::Result<()> {
     let snap = &a.loaded.snapshot;
     let totals = snap.device_totals();
+    let reserved_known = !snap.profiler_converted();
     let device = |i: usize| {
         let da = &a.analysis.devices[i];
         {
@@ -124,10 +125,10 @@ fn write_analysis_json(out: &mut dyn std::io::Write, a: &Analyzed) -> std::io::R
             json!({
                 "device": da.device,
                 "allocated_bytes": t.map_or(0, |t| t.allocated_bytes),
-                "reserved_bytes": t.map_or(0, |t| t.reserved_bytes),
+                "reserved_bytes": reserved_known.then(|| t.map_or(0, |t| t.reserved_bytes)),
                 "trace_entries": t.map_or(0, |t| t.trace_entries),
                 "peak_allocated_bytes": peak_known.then_some(peaks.allocated.value),
-                "peak_reserved_bytes": peak_known.then_some(peaks.reserved.value),
+                "peak_reserved_bytes": (peak_known && reserved_known).then_some(peaks.reserved.value),
                 "peak_active_bytes": peak_known.then_some(peaks.active.value),
                 "peak_requested_bytes": peak_known.then_some(peaks.requested.value),
                 "peak_time_us": peaks.allocated.time_us,
@@ -155,8 +156,8 @@ fn write_analysis_json(out: &mut dyn std::io::Write, a: &Analyzed) -> std::io::R
                         "events": l.events,
                     })).collect::<Vec<_>>(),
                 },
-                "peak": moment_json(&da.peak, memsnap_analysis::TOP_SITES),
-                "end": moment_json(&da.end, memsnap_analysis::TOP_SITES),
+                "peak": moment_json(&da.peak, memsnap_analysis::TOP_SITES, reserved_known),
+                "end": moment_json(&da.end, memsnap_analysis::TOP_SITES, reserved_known),
                 "suspects": da.suspects.iter().map(suspect_json).collect::<Vec<_>>(),
                 "caveats": da.caveats,
             })
@@ -214,15 +215,17 @@ fn analysis_text(a: &Analyzed, top: usize, by: By) -> String {
         let origin = snap.trace(da.device).and_then(|t| trace_origin(&t.events));
         if let Some(r) = r {
             let pk = r.peaks.allocated;
+            let reserved = match crate::pipeline::reserved_known(snap, r.peaks.reserved.value) {
+                Some(v) => format!("{} ({v} bytes)", fmt_bytes(v)),
+                None => "not established".to_string(),
+            };
             let _ = writeln!(
                 s,
-                "  peak allocated {} ({} bytes) at event {}{}; peak reserved {} ({} bytes)",
+                "  peak allocated {} ({} bytes) at event {}{}; peak reserved {reserved}",
                 fmt_bytes(pk.value),
                 pk.value,
                 pk.event_index.map_or("-".into(), |i| i.to_string()),
                 pk.time_us.zip(origin).map_or(String::new(), |(t, o)| format!(", time {}", since_start(t, o))),
-                fmt_bytes(r.peaks.reserved.value),
-                r.peaks.reserved.value
             );
             let _ = writeln!(
                 s,
@@ -273,13 +276,14 @@ fn analysis_text(a: &Analyzed, top: usize, by: By) -> String {
                 By::Metadata => Some(("user_metadata", &m.by_metadata)),
                 By::CompileRegion => Some(("compile region", &m.by_compile_region)),
             };
+            let reserved = crate::pipeline::reserved_known(snap, m.reserved)
+                .map_or("reserved not established".to_string(), |r| format!("{} reserved", fmt_bytes(r)));
             let _ = writeln!(
                 s,
-                "\n  Allocated {} by {} ({} allocated, {} reserved):",
+                "\n  Allocated {} by {} ({} allocated, {reserved}):",
                 title,
                 labels.map_or("site", |l| l.0),
                 fmt_bytes(m.allocated),
-                fmt_bytes(m.reserved)
             );
             if let Some((_, labels)) = labels {
                 if labels.is_empty() {
@@ -315,7 +319,10 @@ fn analysis_text(a: &Analyzed, top: usize, by: By) -> String {
                 .iter()
                 .filter(|(_, b)| *b > 0)
                 .map(|(c, b)| format!("{} {}", category_title(*c), fmt_bytes(*b)))
-                .chain(std::iter::once(format!("cached free {}", fmt_bytes(m.cached_free))))
+                .chain(
+                    crate::pipeline::reserved_known(snap, m.cached_free)
+                        .map(|c| format!("cached free {}", fmt_bytes(c))),
+                )
                 .collect();
             let _ = writeln!(s, "  By category {}: {}", title, cats.join(", "));
             let by_phase: Vec<String> = m

@@ -53,25 +53,41 @@ fn summary_text(l: &Loaded) -> String {
         snap.source.protocol,
         snap.source.producer.name()
     );
+    let _ = match snap.device_type() {
+        Some(d) => writeln!(s, "device type: {}; said by {}", d.device_type.title(), d.evidence),
+        None => writeln!(s, "device type: not said by the file"),
+    };
     if totals.is_empty() {
         let _ = writeln!(s, "no devices: the snapshot has no segments and no trace events");
     }
+    let cpu = snap.profiler_cpu_device();
+    let reserved_known = !snap.profiler_converted();
     for t in &totals {
         let _ = writeln!(s, "{rule}");
-        let _ = writeln!(s, "|{:^75}|", format!("memsnap summary, device ID {}", t.device));
+        let title = if cpu == Some(t.device) {
+            format!("memsnap summary, device ID {} (CPU memory)", t.device)
+        } else {
+            format!("memsnap summary, device ID {}", t.device)
+        };
+        let _ = writeln!(s, "|{:^75}|", title);
         let _ = writeln!(s, "{rule}");
         let _ = writeln!(s, "| {:<24}| {:>22} | {:>22} |", "Metric (at dump)", "bytes", "");
         let _ = writeln!(s, "{thin}");
-        for (name, v) in [
-            ("Allocated memory", t.allocated_bytes),
-            ("Active memory", t.active_bytes),
-            ("Requested memory", t.requested_bytes),
-            ("GPU reserved memory", t.reserved_bytes),
-            ("Inactive (cached free)", t.inactive_bytes),
-            ("Inactive split bytes", t.inactive_split_bytes),
-            ("Largest free block", t.largest_free_block),
+        // The last four come from the segments, which a profiler-converted file makes up.
+        for (name, v, from_segments) in [
+            ("Allocated memory", t.allocated_bytes, false),
+            ("Active memory", t.active_bytes, false),
+            ("Requested memory", t.requested_bytes, false),
+            ("GPU reserved memory", t.reserved_bytes, true),
+            ("Inactive (cached free)", t.inactive_bytes, true),
+            ("Inactive split bytes", t.inactive_split_bytes, true),
+            ("Largest free block", t.largest_free_block, true),
         ] {
-            let _ = writeln!(s, "| {:<24}| {:>22} | {:>22} |", name, v, fmt_bytes(v));
+            if from_segments && !reserved_known {
+                let _ = writeln!(s, "| {:<24}| {:>22} | {:>22} |", name, "not established", "");
+            } else {
+                let _ = writeln!(s, "| {:<24}| {:>22} | {:>22} |", name, v, fmt_bytes(v));
+            }
         }
         let _ = writeln!(s, "{thin}");
         let _ = writeln!(s, "| {:<24}| {:>22} | {:>22} |", "Segments by pool", "segments", "bytes");
@@ -169,16 +185,19 @@ fn summary_text(l: &Loaded) -> String {
     s
 }
 
-pub fn device_json(t: &DeviceTotals, f: Option<&TraceFacts>) -> Value {
+/// One device's object; `reserved_known` false (a profiler-converted file) makes the numbers
+/// that come from its made-up segments null.
+pub fn device_json(t: &DeviceTotals, f: Option<&TraceFacts>, reserved_known: bool) -> Value {
+    let known = |v: u64| reserved_known.then_some(v);
     json!({
         "device": t.device,
         "allocated_bytes": t.allocated_bytes,
-        "reserved_bytes": t.reserved_bytes,
+        "reserved_bytes": known(t.reserved_bytes),
         "active_bytes": t.active_bytes,
         "requested_bytes": t.requested_bytes,
-        "inactive_bytes": t.inactive_bytes,
-        "inactive_split_bytes": t.inactive_split_bytes,
-        "largest_free_block": t.largest_free_block,
+        "inactive_bytes": known(t.inactive_bytes),
+        "inactive_split_bytes": known(t.inactive_split_bytes),
+        "largest_free_block": known(t.largest_free_block),
         "segment_count": t.segment_count,
         "block_count": t.block_count,
         "blocks_by_state": {
@@ -212,7 +231,10 @@ fn write_summary_json(out: &mut dyn std::io::Write, l: &Loaded) -> std::io::Resu
     let snap = &l.snapshot;
     let facts = snap.trace_facts();
     let totals = snap.device_totals();
-    let device = |i: usize| device_json(&totals[i], memsnap_model::find_device(&facts, totals[i].device, |f| f.device));
+    let reserved_known = !snap.profiler_converted();
+    let device = |i: usize| {
+        device_json(&totals[i], memsnap_model::find_device(&facts, totals[i].device, |f| f.device), reserved_known)
+    };
     let fields = summary_fields(l);
     crate::json_stream::write_pretty(out, fields.as_object().expect("an object"), "devices", totals.len(), &device)
 }
@@ -228,6 +250,7 @@ fn summary_fields(l: &Loaded) -> Value {
         "pickle_bytes": l.pickle_bytes,
         "pickle_protocol": snap.source.protocol,
         "producer": snap.source.producer.name(),
+        "device_type": snap.device_type().map(|d| json!({"name": d.device_type.name(), "evidence": d.evidence})),
         "allocator_settings": snap.settings.raw,
         "annotations": snap.annotations.len(),
         "host_memory": snap.host.present.then(|| json!({

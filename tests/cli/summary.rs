@@ -388,3 +388,47 @@ fn host_memory_is_reported_apart_from_the_devices() {
     let unknown = with["unknown_keys"].as_array().cloned().unwrap_or_default();
     assert!(unknown.is_empty(), "{unknown:?}");
 }
+
+/// A file made by `torch.cuda._memory_viz._profile_to_snapshot` (real: fixture f07, PyTorch
+/// 2.11) is recognised: its segments are address ranges the converter made up, so reserved and
+/// everything drawn from the segments are null with a caveat, the device past the GPUs is named
+/// CPU memory, no fragmentation is claimed of the made-up free space, and frames that carry only
+/// a function name are shown by it.
+#[test]
+fn a_profiler_converted_file_claims_no_reserved_memory() {
+    let path = fixture("formats/f07_profiler_converted.pickle.xz");
+    let s = summary_json(&path);
+    let caveats = s["caveats"].to_string();
+    assert!(caveats.contains("converted from profiler output"), "{caveats}");
+    assert!(caveats.contains("device 1 is CPU memory"), "{caveats}");
+    assert!(!caveats.contains("have no time_us"), "one caveat, not two: {caveats}");
+    for d in s["devices"].as_array().unwrap() {
+        for k in ["reserved_bytes", "inactive_bytes", "inactive_split_bytes", "largest_free_block"] {
+            assert!(d[k].is_null(), "{k}: {}", d[k]);
+        }
+        assert!(d["allocated_bytes"].as_u64().unwrap() > 0);
+    }
+    assert!(s["device_type"].is_null(), "the converter writes nothing that names the device");
+    let text = memsnap(&["summary", path.to_str().unwrap()]).stdout;
+    assert!(text.contains("device ID 1 (CPU memory)"), "{text}");
+    assert!(text.contains("GPU reserved memory     |        not established"), "{text}");
+
+    let a = memsnap(&["analyze", path.to_str().unwrap(), "--json"]).json();
+    assert_eq!(a["suspects"], serde_json::json!([]), "no suspects on this clean run");
+    let peak = &a["devices"][0]["peak"];
+    assert!(peak["reserved_bytes"].is_null() && peak["by_category"]["cached_free"].is_null());
+    let text = memsnap(&["analyze", path.to_str().unwrap()]).stdout;
+    assert!(text.contains("  <built-in function linear>\n"), "function-only site: {text}");
+    assert!(!text.contains("none:0"), "{text}");
+}
+
+/// Anomaly mode (`torch.autograd.set_detect_anomaly(True)`, real fixture f08) adds
+/// `forward_frames` to trace entries, segments and blocks: read as known keys, and the planted
+/// retained graph is still found at the backward line.
+#[test]
+fn anomaly_mode_forward_frames_are_known() {
+    let path = fixture("formats/f08_anomaly_forward_frames.pickle.xz");
+    let s = summary_json(&path);
+    assert_eq!(s["unknown_keys"], serde_json::json!({}), "{}", s["unknown_keys"]);
+    assert_eq!(s["device_type"]["name"], "cuda");
+}

@@ -9,12 +9,17 @@
 //! 1,535 unlabelled entries are exactly the frameless backward ones), so "(no label)" is not
 //! "outside every phase".
 //!
+//! An `annotate` entry (torch >= 2.14, `torch.cuda.memory._annotate_tensor`) labels an
+//! allocation after the fact: its `addr` is the tensor's storage, which is the block's address,
+//! and its `user_metadata` the text. From that event until the block is freed, the block's
+//! metadata label is the newest such text ([`Annotations`]); before it, its `alloc` event's.
+//!
 //! A label that is set for a while is also a named phase: [`label_spans`] gives, per distinct
 //! value, the first and last event that carried it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
-use memsnap_model::{Snapshot, StrId, TraceEvent};
+use memsnap_model::{Action, Snapshot, StrId, TraceEvent};
 use memsnap_replay::BlockLifetime;
 
 /// Which label of a trace entry.
@@ -44,8 +49,49 @@ impl LabelKind {
     }
 }
 
-/// The label of a block: its `alloc` event's, `None` when it has none (or no `alloc` event).
-pub fn label_of(events: &[TraceEvent], b: &BlockLifetime, kind: LabelKind) -> Option<StrId> {
+/// The `annotate` entries of one device's trace, by address: (event index, text), in trace
+/// order. Empty for files without them (every release through 2.13).
+#[derive(Default)]
+pub struct Annotations {
+    by_address: HashMap<u64, Vec<(u32, StrId)>>,
+}
+
+impl Annotations {
+    pub fn of(events: &[TraceEvent]) -> Annotations {
+        let mut by_address: HashMap<u64, Vec<(u32, StrId)>> = HashMap::new();
+        for (i, e) in events.iter().enumerate() {
+            if e.action == Action::Annotate && e.user_metadata != StrId::EMPTY {
+                by_address.entry(e.addr).or_default().push((i as u32, e.user_metadata));
+            }
+        }
+        Annotations { by_address }
+    }
+
+    /// The newest text given to block `b` at or before event `t` (`None`: the start) while it
+    /// was allocated.
+    fn newest(&self, b: &BlockLifetime, t: Option<u32>) -> Option<StrId> {
+        let t = t?;
+        let notes = self.by_address.get(&b.address)?;
+        let after_alloc = |i: u32| b.alloc_event.is_none_or(|a| i > a);
+        let before_free = |i: u32| b.freed_at().is_none_or(|f| i < f);
+        notes.iter().rev().find(|&&(i, _)| i <= t && after_alloc(i) && before_free(i)).map(|&(_, s)| s)
+    }
+}
+
+/// The label of a block after event `t`: for metadata, the newest `annotate` text it got by
+/// then, else its `alloc` event's; `None` when it has none (or no `alloc` event).
+pub fn label_of(
+    events: &[TraceEvent],
+    annotations: &Annotations,
+    b: &BlockLifetime,
+    t: Option<u32>,
+    kind: LabelKind,
+) -> Option<StrId> {
+    if kind == LabelKind::Metadata {
+        if let Some(s) = annotations.newest(b, t) {
+            return Some(s);
+        }
+    }
     let e = events.get(b.alloc_event? as usize)?;
     let id = kind.of(e);
     (id != StrId::EMPTY).then_some(id)
@@ -60,9 +106,9 @@ pub struct LabelTally {
 }
 
 impl LabelTally {
-    pub fn add(&mut self, events: &[TraceEvent], b: &BlockLifetime) {
+    pub fn add(&mut self, events: &[TraceEvent], annotations: &Annotations, b: &BlockLifetime, t: Option<u32>) {
         for kind in LabelKind::ALL {
-            *self.by[kind as usize].entry(label_of(events, b, kind)).or_default() += b.size;
+            *self.by[kind as usize].entry(label_of(events, annotations, b, t, kind)).or_default() += b.size;
         }
     }
 
@@ -92,11 +138,15 @@ pub struct LabelSpan {
     pub events: u64,
 }
 
-/// Every label value of the trace, in order of first appearance.
+/// Every label value of the trace, in order of first appearance (`annotate` entries aside).
 pub fn label_spans(snap: &Snapshot, events: &[TraceEvent]) -> Vec<LabelSpan> {
     let mut spans: Vec<LabelSpan> = Vec::new();
     let mut index: BTreeMap<(LabelKind, StrId), usize> = BTreeMap::new();
     for (i, e) in events.iter().enumerate() {
+        // An annotation names one block, not a stretch of the run.
+        if e.action == Action::Annotate {
+            continue;
+        }
         for kind in LabelKind::ALL {
             let id = kind.of(e);
             if id == StrId::EMPTY {

@@ -34,7 +34,7 @@ pub use evidence::{
     SuspectKind,
 };
 pub use graph::{frame_label, LiveBlock, MemoryGraph, Node, AUTOGRAD, NO_FRAMES, PRE_TRACE};
-pub use labels::{label_of, label_spans, LabelKind, LabelSpan, LabelTally};
+pub use labels::{label_of, label_spans, Annotations, LabelKind, LabelSpan, LabelTally};
 pub use lifecycle::{lifecycle, BlockFate, Lifecycle, Unit, UnitBlock, UnitFate};
 pub use phases::{find_phases, Backward, ForwardPass, IterationSource, Phases, Span};
 pub use site::{short_path, Site};
@@ -166,8 +166,9 @@ pub fn moment(
     let mut by_phase: BTreeMap<AllocPhase, u64> = BTreeMap::new();
     let mut live = Vec::new();
     let mut labels = LabelTally::default();
+    let annotations = Annotations::of(events);
     for b in live_at(d, t) {
-        labels.add(events, b);
+        labels.add(events, &annotations, b, t);
         let (attr, stack) = attribute(events, phases, stacks, b);
         let e = by_attr.entry(attr).or_default();
         e.0 += b.size;
@@ -281,10 +282,10 @@ fn analyze_device(
                 .to_string(),
         );
     } else if !d.start.trace_complete {
-        caveats.push(
-            "the trace starts mid-run (ring buffer wrapped or recording started late): peaks are those within the trace, the process may have peaked earlier"
-                .to_string(),
-        );
+        caveats.push(format!(
+            "the trace starts mid-run ({}): peaks are those within the trace, the process may have peaked earlier",
+            snap.mid_run_cause()
+        ));
     }
     let phase_summary = PhaseSummary {
         iterations: phases.iteration_count(),

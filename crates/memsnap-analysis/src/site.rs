@@ -25,6 +25,10 @@ impl Site {
 }
 
 fn short_text(filename: &str, line: u32, function: &str) -> String {
+    // A profiler-converted file knows the Python function only: no file, no line.
+    if line == 0 && filename == memsnap_model::PROFILER_FRAME_FILENAME {
+        return clip(function).into_owned();
+    }
     format!("{}:{} ({})", clip(short_path(filename)), line, clip(function))
 }
 

@@ -7,7 +7,10 @@
 //! Reading never executes anything from the file; type errors name the key path, e.g.
 //! `segments[3].blocks[17].size`.
 
+mod origin;
 mod types;
+
+pub use origin::{DeviceType, DeviceTypeEvidence, PROFILER_FRAME_FILENAME};
 
 pub use types::*;
 mod read;

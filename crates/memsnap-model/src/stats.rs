@@ -282,7 +282,7 @@ impl DeviceTrace {
 }
 
 /// Every action, in display order.
-pub const ALL_ACTIONS: [Action; 10] = [
+pub const ALL_ACTIONS: [Action; 11] = [
     Action::Alloc,
     Action::FreeRequested,
     Action::FreeCompleted,
@@ -292,9 +292,10 @@ pub const ALL_ACTIONS: [Action; 10] = [
     Action::SegmentUnmap,
     Action::Snapshot,
     Action::Oom,
+    Action::Annotate,
     Action::Other,
 ];
 
 fn action_index(a: Action) -> usize {
-    ALL_ACTIONS.iter().position(|&x| x == a).unwrap_or(9)
+    ALL_ACTIONS.iter().position(|&x| x == a).unwrap_or(ALL_ACTIONS.len() - 1)
 }

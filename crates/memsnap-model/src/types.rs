@@ -152,8 +152,11 @@ pub enum Action {
     SegmentUnmap,
     Snapshot,
     Oom,
-    /// `user_defined` / `annotate` and any action this version does not know (counted in
-    /// [`SourceInfo::unknown_actions`]).
+    /// `annotate` (torch >= 2.14, `torch.cuda.memory._annotate_tensor`): a label for the live
+    /// allocation at `addr`, its text in `user_metadata`. It allocates and frees nothing.
+    Annotate,
+    /// `user_defined`, `workspace_snapshot` (torch_npu) and any action this version does not
+    /// know (counted in [`SourceInfo::unknown_actions`]).
     Other,
 }
 
@@ -169,6 +172,7 @@ impl Action {
             Action::SegmentUnmap => "segment_unmap",
             Action::Snapshot => "snapshot",
             Action::Oom => "oom",
+            Action::Annotate => "annotate",
             Action::Other => "other",
         }
     }
@@ -184,6 +188,7 @@ impl Action {
             "segment_unmap" => Action::SegmentUnmap,
             "snapshot" => Action::Snapshot,
             "oom" => Action::Oom,
+            "annotate" => Action::Annotate,
             _ => Action::Other,
         }
     }
@@ -260,6 +265,12 @@ pub struct AllocatorSettings {
     /// `[k MiB, 2k MiB)` containing it (sizes below 1 MiB use key 1, sizes above the last key
     /// use the last key). Zero divisions are omitted.
     pub roundup_power2_divisions: BTreeMap<u64, u64>,
+    /// `trace_alloc_overflowed`: whether the trace ring buffer dropped its oldest entries.
+    /// `None` when the file does not say (no release through 2.15 writes it; PyTorch PR #179276
+    /// proposed it), and then a wrap can only be inferred.
+    pub trace_overflowed: Option<bool>,
+    /// `trace_alloc_max_entries`: the ring buffer's size (`max_entries`), when the file says.
+    pub trace_max_entries: Option<u64>,
     /// Every setting as text, for display (sorted by key).
     pub raw: BTreeMap<String, String>,
 }

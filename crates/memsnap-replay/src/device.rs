@@ -192,7 +192,7 @@ fn route(
                 }
                 _ => log.push(Some(i), e.addr, DiagnosticKind::OutsideSegments),
             },
-            Action::Snapshot | Action::Oom | Action::Other => {}
+            Action::Snapshot | Action::Oom | Action::Annotate | Action::Other => {}
         }
     }
 

@@ -323,7 +323,7 @@ impl<'a> Replayer<'a> {
                 self.unmap_extents(i, e.addr, e.addr + e.size);
                 Effect::new(e.size, Effect::RESERVED, 0)
             }
-            Action::Snapshot | Action::Oom | Action::Other => Effect::NONE,
+            Action::Snapshot | Action::Oom | Action::Annotate | Action::Other => Effect::NONE,
         }
     }
 

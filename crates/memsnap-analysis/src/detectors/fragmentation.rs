@@ -29,6 +29,11 @@ impl Detector for Fragmentation {
 
     fn detect(&self, cx: &Context) -> Vec<Finding> {
         let th = cx.thresholds;
+        // A profiler-converted file's segments are address ranges, not cudaMalloc'd memory:
+        // their "free" bytes are gaps between tensors, never cached memory.
+        if cx.snap.profiler_converted() {
+            return Vec::new();
+        }
         let Some(t) = cx.totals else { return Vec::new() };
         let reserved = t.reserved_bytes;
         if reserved == 0 {

@@ -191,7 +191,11 @@ enum Key {
     CompileContext,
     UserMetadata,
     DeviceFree,
-    PoolId,
+    /// Keys of a trace entry that memsnap knows and reads past: `pool_id` (torch >= 2.12; the
+    /// segment holding the address gives the pool), `internal_metadata` (2.15), `category`
+    /// (`_profile_to_snapshot`), `forward_frames` (2.11, anomaly mode: the forward stack of the
+    /// autograd node a backward allocation ran for).
+    Unneeded,
     Filename,
     Line,
     Name,
@@ -209,7 +213,7 @@ fn key_of(s: &str) -> Key {
         "compile_context" => Key::CompileContext,
         "user_metadata" => Key::UserMetadata,
         "device_free" => Key::DeviceFree,
-        "pool_id" => Key::PoolId,
+        "pool_id" | "internal_metadata" | "category" | "forward_frames" => Key::Unneeded,
         "filename" => Key::Filename,
         "line" => Key::Line,
         "name" => Key::Name,
@@ -420,7 +424,7 @@ const KEYS: [Key; 14] = [
     Key::CompileContext,
     Key::UserMetadata,
     Key::DeviceFree,
-    Key::PoolId,
+    Key::Unneeded,
     Key::Filename,
     Key::Line,
     Key::Name,
@@ -591,8 +595,7 @@ impl Builder {
                 }
                 Key::UserMetadata => ev.user_metadata = self.text(heap, v, "user_metadata")?,
                 Key::DeviceFree => device_free = Some(as_u64(heap, v, "device_free")?),
-                // `pool_id` (newest torch) is not needed: the segment tells the pool.
-                Key::PoolId => {}
+                Key::Unneeded => {}
                 _ => {
                     if let Value::Str(s) = k {
                         unknown.push(s);
@@ -1051,6 +1054,10 @@ impl Converter<'_, '_, '_> {
                 }
                 "frames" => seg.stack = field(self.b.stack(heap, val), path)?,
                 "blocks" => blocks_v = Some(val),
+                // Anomaly mode (torch >= 2.11): the forward traceback of the autograd node that
+                // allocated, as formatted text lines. Not used: attribution places backward
+                // memory by its backward pass.
+                "forward_frames" => {}
                 other => self.unknown(format!("segments[].{other}")),
             }
         }
@@ -1139,6 +1146,7 @@ impl Converter<'_, '_, '_> {
                         }
                     }
                 }
+                "forward_frames" => {}
                 other => self.unknown(format!("segments[].blocks[].{other}")),
             }
         }
@@ -1158,7 +1166,7 @@ impl Converter<'_, '_, '_> {
             let kp = format!("allocator_settings.{key}");
             s.raw.insert(key.clone(), display_value(heap, val));
             match key.as_str() {
-                "PYTORCH_CUDA_ALLOC_CONF" => s.alloc_conf = heap.as_str(val).map(str::to_string),
+                "PYTORCH_CUDA_ALLOC_CONF" | "PYTORCH_ALLOC_CONF" => s.alloc_conf = heap.as_str(val).map(str::to_string),
                 "max_split_size" => {
                     s.max_split_size = match heap.as_i128(val) {
                         Some(i) if i > 0 && i < u64::MAX as i128 => Some(i as u64),
@@ -1174,6 +1182,10 @@ impl Converter<'_, '_, '_> {
                     }
                 }
                 "expandable_segments" => s.expandable_segments = heap.as_i128(val).map(|i| i != 0),
+                "trace_alloc_overflowed" => s.trace_overflowed = heap.as_i128(val).map(|i| i != 0),
+                "trace_alloc_max_entries" => {
+                    s.trace_max_entries = heap.as_i128(val).filter(|&i| i > 0 && i <= u64::MAX as i128).map(|i| i as u64)
+                }
                 "roundup_power2_divisions" => {
                     if let Value::Dict(_) = val {
                         for (k, dv) in self.dict_items(val, &kp)? {

@@ -571,3 +571,76 @@ fn counts_read_as_words() {
     assert_eq!(memsnap_model::count_of(0, "block"), "0 blocks");
     assert_eq!(memsnap_model::count_of(12, "event"), "12 events");
 }
+
+/// Keys and actions of the newest releases (docs/format.md, "Keys by PyTorch release") are
+/// read as known: `annotate` is its own action, and `pool_id`, `internal_metadata`,
+/// `category` and `forward_frames` are read past without being counted as unknown.
+#[test]
+fn newest_keys_and_actions_are_known() {
+    let data = small(|top| {
+        let trace = at(get(top, "device_traces"), 0);
+        let PV::List(events) = trace else { unreachable!() };
+        set(&mut events[1], "pool_id", PV::Tuple(vec![int(0), int(1)]));
+        set(&mut events[2], "internal_metadata", st("x"));
+        set(&mut events[3], "category", st("ACTIVATION"));
+        set(&mut events[4], "forward_frames", PV::List(vec![frame(9)]));
+        let mut note = event("annotate", 1 << 30);
+        set(&mut note, "user_metadata", st("kv-cache"));
+        events.push(note);
+    });
+    let s = read_snapshot(&data).unwrap();
+    assert!(s.source.unknown_keys.is_empty(), "{:?}", s.source.unknown_keys);
+    assert!(s.source.unknown_actions.is_empty(), "{:?}", s.source.unknown_actions);
+    let last = s.traces[0].events.last().unwrap();
+    assert_eq!(last.action, Action::Annotate);
+    assert_eq!(s.str(last.user_metadata), "kv-cache");
+}
+
+/// `trace_alloc_overflowed` / `trace_alloc_max_entries` (proposed in PyTorch PR #179276) say
+/// why a trace starts mid-run when the file has them; without them both causes are named.
+#[test]
+fn ring_overflow_flag_is_read() {
+    let plain = read_snapshot(&small(|_| {})).unwrap();
+    assert_eq!((plain.settings.trace_overflowed, plain.settings.trace_max_entries), (None, None));
+    assert_eq!(plain.mid_run_cause(), "ring buffer wrapped or recording started late");
+    let flagged = |overflowed: bool| {
+        read_snapshot(&small(|top| {
+            let s = get(top, "allocator_settings");
+            set(s, "trace_alloc_overflowed", PV::Bool(overflowed));
+            set(s, "trace_alloc_max_entries", int(200));
+        }))
+        .unwrap()
+    };
+    let wrapped = flagged(true);
+    assert_eq!((wrapped.settings.trace_overflowed, wrapped.settings.trace_max_entries), (Some(true), Some(200)));
+    assert_eq!(
+        wrapped.mid_run_cause(),
+        "the ring buffer of 200 entries wrapped: allocator_settings.trace_alloc_overflowed"
+    );
+    assert!(flagged(false).mid_run_cause().starts_with("recording started late"));
+}
+
+/// The device type, from what each producer's C++ writes (crates/memsnap-model/src/device_type.rs).
+#[test]
+fn device_type_where_the_file_says_it() {
+    use memsnap_model::DeviceType;
+    let kind = |data: Vec<u8>| read_snapshot(&data).unwrap().device_type().map(|d| d.device_type);
+    assert_eq!(kind(small(|_| {})), Some(DeviceType::Cuda));
+    // torch.xpu's settings: PYTORCH_ALLOC_CONF and expandable_segments only.
+    let xpu = small(|top| {
+        top.insert(
+            HV::String("allocator_settings".into()),
+            dict(vec![("PYTORCH_ALLOC_CONF", st("")), ("expandable_segments", PV::Bool(false))]),
+        );
+    });
+    assert_eq!(kind(xpu), Some(DeviceType::Xpu));
+    let npu = small(|top| {
+        let PV::List(events) = at(get(top, "device_traces"), 0) else { unreachable!() };
+        events.push(event("workspace_snapshot", 0));
+    });
+    assert_eq!(kind(npu), Some(DeviceType::Npu));
+    let silent = small(|top| {
+        top.remove(&HV::String("allocator_settings".into()));
+    });
+    assert_eq!(kind(silent), None);
+}

@@ -815,7 +815,8 @@ impl<'d> Decoder<'d, '_, '_, '_> {
                     self.log_text(ev.user_metadata);
                 }
                 Key::DeviceFree => ev.device_free = Some(u64_in(self.int()?, u64::MAX)?),
-                Key::PoolId => {
+                // A list value (`forward_frames`) stops the window: the VM reads it.
+                Key::Unneeded => {
                     self.value()?;
                 }
                 Key::Filename | Key::Line | Key::Name | Key::Other => {
@@ -987,7 +988,7 @@ impl<'d> Decoder<'d, '_, '_, '_> {
             | Key::CompileContext
             | Key::UserMetadata
             | Key::DeviceFree
-            | Key::PoolId => return Err(Stop),
+            | Key::Unneeded => return Err(Stop),
             Key::Other => {
                 let v = self.value()?;
                 frame.items.push((key_raw, v));
