@@ -168,3 +168,51 @@ pub fn label_spans(snap: &Snapshot, events: &[TraceEvent]) -> Vec<LabelSpan> {
     }
     spans
 }
+
+/// A stretch of the trace under one label: from an entry carrying it to the last entry before
+/// another value of the same kind appears. Entries with no label (autograd's engine thread, which
+/// does not see the main thread's metadata) do not end a run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LabelRun {
+    pub kind: LabelKind,
+    pub name: String,
+    pub first_event: u32,
+    pub last_event: u32,
+    /// Entries in the run that carried the label.
+    pub events: u64,
+}
+
+/// The runs of every label kind, in order of their first entry: what a timeline shows as named
+/// phases. A label set for training and another for evaluation, alternating, gives one run per
+/// stretch ([`label_spans`] would give two overlapping spans).
+pub fn label_runs(snap: &Snapshot, events: &[TraceEvent]) -> Vec<LabelRun> {
+    let mut runs: Vec<LabelRun> = Vec::new();
+    for kind in LabelKind::ALL {
+        let mut open: Option<(StrId, u32, u32, u64)> = None;
+        let close = |open: Option<(StrId, u32, u32, u64)>, runs: &mut Vec<LabelRun>| {
+            if let Some((id, first, last, n)) = open {
+                runs.push(LabelRun { kind, name: snap.str(id).to_string(), first_event: first, last_event: last, events: n });
+            }
+        };
+        for (i, e) in events.iter().enumerate() {
+            let i = i as u32;
+            let id = kind.of(e);
+            if e.action == Action::Annotate || id == StrId::EMPTY {
+                continue;
+            }
+            match &mut open {
+                Some((cur, _, last, n)) if *cur == id => {
+                    *last = i;
+                    *n += 1;
+                }
+                _ => {
+                    close(open.take(), &mut runs);
+                    open = Some((id, i, i, 1));
+                }
+            }
+        }
+        close(open, &mut runs);
+    }
+    runs.sort_by_key(|r| (r.first_event, r.kind));
+    runs
+}

@@ -34,7 +34,7 @@ pub use evidence::{
     SuspectKind,
 };
 pub use graph::{frame_label, LiveBlock, MemoryGraph, Node, AUTOGRAD, NO_FRAMES, PRE_TRACE};
-pub use labels::{label_of, label_spans, Annotations, LabelKind, LabelSpan, LabelTally};
+pub use labels::{label_of, label_runs, label_spans, Annotations, LabelKind, LabelRun, LabelSpan, LabelTally};
 pub use lifecycle::{lifecycle, BlockFate, Lifecycle, Unit, UnitBlock, UnitFate};
 pub use phases::{find_phases, Backward, ForwardPass, IterationSource, Phases, Span};
 pub use site::{short_path, Site};

@@ -105,6 +105,21 @@ pub fn render(r: &Report) -> String {
             );
         }
         s.push_str("</tbody>\n</table>\n</div>\n");
+        for (kind, by) in &d.labels {
+            let _ = writeln!(s, "<div class=\"card\">\n<h3>Who holds the peak: allocated bytes by {}</h3>", escape(kind));
+            s.push_str("<table>\n<thead><tr><th>label</th><th class=\"num\">bytes</th><th class=\"num\">share</th></tr></thead>\n<tbody>\n");
+            for (label, bytes) in by {
+                let _ = writeln!(
+                    s,
+                    "<tr><td class=\"site\"><code>{}</code></td><td class=\"num\" title=\"{} bytes\">{}</td><td class=\"num\">{}%</td></tr>",
+                    escape(label.as_deref().unwrap_or("(no label)")),
+                    fmt_count(*bytes),
+                    fmt_bytes(*bytes),
+                    pct(*bytes, d.peak_allocated)
+                );
+            }
+            s.push_str("</tbody>\n</table>\n</div>\n");
+        }
         figure(&mut s, &d.flamegraph.svg);
         for f in &d.segments {
             figure(&mut s, &f.svg);

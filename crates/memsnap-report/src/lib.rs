@@ -168,6 +168,10 @@ pub struct DeviceReport {
     pub sites: Vec<SiteRow>,
     /// Sites beyond the table: (count, bytes, blocks).
     pub sites_rest: Option<(usize, u64, u64)>,
+    /// Allocated bytes at the peak by the labels the program put on its allocations: per label
+    /// kind that any live block carries (`user_metadata`, `compile_context`), its values
+    /// largest first, `None` for blocks without one.
+    pub labels: Vec<(&'static str, Vec<(Option<String>, u64)>)>,
     pub flamegraph: Figure,
     /// The segment map at the peak; also at the end when fragmentation is suspected, and at the
     /// last OOM when there was one.
@@ -354,6 +358,11 @@ fn device_report(
         peak_allocated: peak.allocated,
         sites,
         sites_rest,
+        labels: [("user_metadata", &peak.by_metadata), ("compile region", &peak.by_compile_region)]
+            .into_iter()
+            .filter(|(_, by)| !by.is_empty())
+            .map(|(kind, by)| (kind, by.clone()))
+            .collect(),
         flamegraph,
         segments,
         caveats,

@@ -10,7 +10,7 @@
 use std::fmt::Write as _;
 
 use memsnap_analysis::{attribute, Attr, DeviceAnalysis, Phases, StackTable};
-use memsnap_model::{Action, Snapshot, TraceEvent};
+use memsnap_model::{count_of, plural, Action, Snapshot, TraceEvent};
 use memsnap_replay::DeviceReplay;
 use plotters::prelude::*;
 use rayon::prelude::*;
@@ -30,10 +30,14 @@ const EVAL_STRIP: RGBColor = RGBColor(0xf4, 0xa2, 0x59);
 const FLOOR: RGBColor = RGBColor(0x3a, 0x3a, 0x3a);
 const OOM: RGBColor = RGBColor(0xd6, 0x28, 0x28);
 const PEAK: RGBColor = RGBColor(0xc0, 0x1b, 0x1b);
+const LABEL_STRIP: RGBColor = RGBColor(0x7b, 0x5e, 0xa7);
 
 /// More iterations than this are not drawn as bands (they would blur into grey).
 const MAX_BANDS: usize = 400;
 const MAX_OOMS: usize = 100;
+/// Labelled phases drawn at most (the first ones in trace order; the rest are counted in the
+/// caption): more distinct labels than this are per-item tags, not phases to see on a chart.
+const MAX_LABEL_BANDS: usize = 40;
 /// The lowest-allocated line is drawn only when points cover at least this many events (below,
 /// it hugs the highest and only adds clutter).
 const MIN_LINE_BUCKET: usize = 16;
@@ -77,6 +81,11 @@ pub struct Timeline {
     /// Allocated bytes when each iteration starts (the floor a leak raises).
     pub iteration_floor: Vec<(f64, u64)>,
     pub evals: Vec<Band>,
+    /// Phases the program named: each stretch of the trace under one `user_metadata` or
+    /// `compile_context` value ([`memsnap_analysis::label_runs`]).
+    pub labels: Vec<Band>,
+    /// Labels found but not drawn (past [`MAX_LABEL_BANDS`]).
+    pub labels_not_drawn: usize,
     pub ooms: Vec<(f64, String)>,
     pub ooms_total: usize,
     pub peak: (f64, u64, String),
@@ -286,6 +295,30 @@ pub fn sample(
         })
         .collect();
 
+    let runs = memsnap_analysis::label_runs(snap, &events[..n]);
+    let labels: Vec<Band> = runs
+        .iter()
+        .filter(|l| (l.first_event as usize) < n)
+        .take(MAX_LABEL_BANDS)
+        .map(|l| {
+            let (a, b) = (l.first_event as usize, (l.last_event as usize).min(n - 1));
+            Band {
+                x0: xm.x(a),
+                x1: xm.x(b),
+                title: format!(
+                    "{} \"{}\": events {}–{}{}, {} carrying it",
+                    l.kind.name(),
+                    l.name,
+                    fmt_count(a as u64),
+                    fmt_count(b as u64),
+                    xm.when(a, b),
+                    memsnap_model::plural(l.events, "entry", "entries")
+                ),
+            }
+        })
+        .collect();
+    let labels_not_drawn = runs.len().saturating_sub(labels.len());
+
     let mut ooms = Vec::new();
     let mut ooms_total = 0;
     for (i, e) in events[..n].iter().enumerate().filter(|(_, e)| e.action == Action::Oom) {
@@ -348,6 +381,8 @@ pub fn sample(
         iterations_not_drawn,
         iteration_floor,
         evals,
+        labels,
+        labels_not_drawn,
         ooms,
         ooms_total,
         peak,
@@ -491,6 +526,10 @@ pub fn render(t: &Timeline, width: u32) -> String {
         chart.draw_series(t.evals.iter().map(|b| {
             Rectangle::new([(b.x0, ytop), (b.x1.max(b.x0 + span * 0.002), ytop * 0.985)], EVAL_STRIP.filled())
         }))?;
+        // Labelled phases: a strip along the bottom of the plot.
+        chart.draw_series(t.labels.iter().map(|b| {
+            Rectangle::new([(b.x0, 0.0), (b.x1.max(b.x0 + span * 0.002), ytop * 0.02)], LABEL_STRIP.mix(0.7).filled())
+        }))?;
         for (x, _) in &t.ooms {
             chart.draw_series(std::iter::once(PathElement::new(vec![(*x, 0.0), (*x, ytop)], OOM.stroke_width(2))))?;
         }
@@ -536,6 +575,18 @@ pub fn render(t: &Timeline, width: u32) -> String {
                 r##"<rect x="{a}" y="{tp}" width="{}" height="{}" fill="#000000" fill-opacity="0"><title>{}</title></rect>"##,
                 (z - a).max(2),
                 b - tp,
+                escape(&band.title)
+            );
+        }
+        for band in &t.labels {
+            let (a, strip_top) = chart.backend_coord(&(band.x0, ytop * 0.02));
+            let (z, _) = chart.backend_coord(&(band.x1, ytop));
+            let _ = writeln!(
+                overlay,
+                r##"<rect x="{a}" y="{}" width="{}" height="{}" fill="#000000" fill-opacity="0"><title>{}</title></rect>"##,
+                strip_top - 4,
+                (z - a).max(2),
+                b - strip_top + 4,
                 escape(&band.title)
             );
         }
@@ -596,6 +647,9 @@ pub fn render(t: &Timeline, width: u32) -> String {
         format!("{} events", fmt_count(t.events as u64))
     };
     let mut sub = sampled;
+    if t.labels_not_drawn > 0 {
+        let _ = write!(sub, "; {} not drawn", plural(t.labels_not_drawn as u64, "more label", "more labels"));
+    }
     if t.iterations_not_drawn > 0 {
         let _ = write!(sub, "; {} iterations (too many to shade)", fmt_count(t.iterations_not_drawn as u64));
     }
@@ -783,6 +837,13 @@ fn legend_items(t: &Timeline) -> Vec<LegendItem> {
             Swatch::Fill(c(EVAL_STRIP)),
             "evaluation (forward, no backward)".into(),
             "forward passes with no backward".into(),
+        ));
+    }
+    if !t.labels.is_empty() {
+        v.push((
+            Swatch::Fill(c(LABEL_STRIP)),
+            "labelled phases (user_metadata, compile regions)".into(),
+            format!("{} along the bottom; hover one for its name", count_of(t.labels.len() as u64, "label")),
         ));
     }
     if t.ooms_total > 0 {

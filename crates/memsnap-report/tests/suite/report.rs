@@ -205,3 +205,33 @@ fn device_without_trace_still_reports() {
     parse_xml("bare segments", &r.svg());
     assert!(r.html().contains("No trace for this device"));
 }
+
+/// f04 sets `_set_memory_metadata("phase=train")` and `("phase=eval")` around two epochs of
+/// training and evaluation (fixtures/gen/f04_metadata.py): the chart shows the four stretches,
+/// in order, with the label's name in the hover text (the event ranges are the file's own,
+/// counted from its trace with Python).
+#[test]
+fn labelled_phases_are_bands_on_the_timeline() {
+    let d = analyzed("formats/f04_metadata.pickle.xz");
+    let svg = report(&d).svg();
+    let bands: Vec<&str> = svg.match_indices("<title>user_metadata").map(|(i, _)| &svg[i..i + 90]).collect();
+    let want = [
+        "&quot;phase=train&quot;: events 0–1,471",
+        "&quot;phase=eval&quot;: events 1,472–1,665",
+        "&quot;phase=train&quot;: events 1,666–3,070",
+        "&quot;phase=eval&quot;: events 3,071–3,264",
+    ];
+    assert_eq!(bands.len(), want.len(), "{bands:?}");
+    for (got, want) in bands.iter().zip(want) {
+        assert!(got.contains(want), "{got} lacks {want}");
+    }
+    assert!(svg.contains("labelled phases (user_metadata, compile regions)"));
+    // The HTML report groups the peak by the same labels.
+    let html = report(&d).html();
+    assert!(html.contains("Who holds the peak: allocated bytes by user_metadata"));
+    assert!(html.contains("<code>phase=train</code>"));
+    // A file without labels draws none.
+    let plain = report(&analyzed("dev/s01_clean_train.pickle.xz")).svg();
+    assert!(!plain.contains("labelled phases"));
+    assert!(!report(&analyzed("dev/s01_clean_train.pickle.xz")).html().contains("bytes by user_metadata"));
+}
