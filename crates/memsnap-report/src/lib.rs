@@ -171,13 +171,16 @@ pub struct DeviceReport {
     /// Allocated bytes at the peak by the labels the program put on its allocations: per label
     /// kind that any live block carries (`user_metadata`, `compile_context`), its values
     /// largest first, `None` for blocks without one.
-    pub labels: Vec<(&'static str, Vec<(Option<String>, u64)>)>,
+    pub labels: Vec<LabelTable>,
     pub flamegraph: Figure,
     /// The segment map at the peak; also at the end when fragmentation is suspected, and at the
     /// last OOM when there was one.
     pub segments: Vec<Figure>,
     pub caveats: Vec<String>,
 }
+
+/// One label kind's column of the peak: (kind, [(label or `None`, bytes)]).
+pub type LabelTable = (&'static str, Vec<(Option<String>, u64)>);
 
 /// A whole report, ready to render as HTML or SVG.
 #[derive(Clone, Debug)]
