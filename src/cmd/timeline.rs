@@ -4,7 +4,8 @@
 use std::fmt::Write as _;
 use std::process::ExitCode;
 
-use memsnap_model::TraceEvent;
+use memsnap_analysis::LabelRun;
+use memsnap_model::{printable, TraceEvent};
 use memsnap_replay::{DeviceReplay, Peak};
 use serde_json::{json, Value};
 
@@ -60,7 +61,8 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             if k > 0 {
                 out.push(',');
             }
-            write_device_json(&mut out, d, events_of(d), every)?;
+            let labels = memsnap_analysis::label_runs(snap, events_of(d));
+            write_device_json(&mut out, d, events_of(d), &labels, every)?;
         }
         out.push_str("]}\n");
         emit_json(&out)?;
@@ -76,7 +78,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         let events = events_of(d);
         let origin = trace_origin(events);
         if !args.csv {
-            header(&mut out, d, events);
+            header(&mut out, d, events, &memsnap_analysis::label_runs(snap, events));
         }
         for i in kept(d.event_count, every) {
             let e = &events[i];
@@ -123,7 +125,7 @@ fn kept(n: usize, every: usize) -> impl Iterator<Item = usize> {
     (0..n).filter(move |&i| i % every == 0 || i + 1 == n)
 }
 
-fn header(out: &mut String, d: &DeviceReplay, events: &[TraceEvent]) {
+fn header(out: &mut String, d: &DeviceReplay, events: &[TraceEvent], labels: &[LabelRun]) {
     let s = &d.start;
     let _ = writeln!(out, "\ndevice {}: {}", d.device, memsnap_model::count_of(d.event_count as u64, "event"));
     let _ = writeln!(
@@ -148,6 +150,18 @@ fn header(out: &mut String, d: &DeviceReplay, events: &[TraceEvent]) {
         ("requested", d.peaks.requested),
     ] {
         let _ = writeln!(out, "  peak {name:<10} {:>12} ({} bytes) {}", fmt_bytes(p.value), p.value, when(&p, events));
+    }
+    // The stretches the program named (`_set_memory_metadata`, torch.compile regions).
+    for l in labels {
+        let _ = writeln!(
+            out,
+            "  labelled phase: {} {} from event {} to {} ({})",
+            l.kind.name(),
+            printable(&format!("{:?}", l.name)),
+            l.first_event,
+            l.last_event,
+            memsnap_model::plural(l.events, "entry carries it", "entries carry it")
+        );
     }
     let _ = writeln!(
         out,
@@ -175,7 +189,13 @@ fn peak_json(p: &Peak) -> Value {
 type Column<'a> = (&'a str, &'a dyn Fn(&mut String, usize));
 
 /// One device as JSON: facts, then the series as columns of equal length.
-fn write_device_json(out: &mut String, d: &DeviceReplay, events: &[TraceEvent], every: usize) -> anyhow::Result<()> {
+fn write_device_json(
+    out: &mut String,
+    d: &DeviceReplay,
+    events: &[TraceEvent],
+    labels: &[LabelRun],
+    every: usize,
+) -> anyhow::Result<()> {
     let facts = json!({
         "device": d.device,
         "events": d.event_count,
@@ -194,6 +214,13 @@ fn write_device_json(out: &mut String, d: &DeviceReplay, events: &[TraceEvent], 
             "active": peak_json(&d.peaks.active),
             "requested": peak_json(&d.peaks.requested),
         },
+        "labels": labels.iter().map(|l| json!({
+            "kind": l.kind.name(),
+            "name": l.name,
+            "first_event": l.first_event,
+            "last_event": l.last_event,
+            "entries": l.events,
+        })).collect::<Vec<_>>(),
     });
     let facts = serde_json::to_string(&facts)?;
     let _ = write!(out, "{},\"series\":{{", &facts[..facts.len() - 1]);
@@ -209,10 +236,10 @@ fn write_device_json(out: &mut String, d: &DeviceReplay, events: &[TraceEvent], 
         ("action", &|out, i| {
             let _ = write!(out, "\"{}\"", events[i].action.name());
         }),
-        ("allocated", &|out, i| number(out, d.series.allocated[i])),
-        ("reserved", &|out, i| number(out, d.series.reserved[i])),
-        ("active", &|out, i| number(out, d.series.active[i])),
-        ("requested", &|out, i| number(out, d.series.requested[i])),
+        ("allocated", &|out, i| number(out, d.series.after(Some(i)).allocated)),
+        ("reserved", &|out, i| number(out, d.series.after(Some(i)).reserved)),
+        ("active", &|out, i| number(out, d.series.after(Some(i)).active)),
+        ("requested", &|out, i| number(out, d.series.after(Some(i)).requested)),
     ];
     for (c, (name, value)) in columns.iter().enumerate() {
         let _ = write!(out, "{}\"{name}\":[", if c > 0 { "," } else { "" });

@@ -68,7 +68,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
                 "{i:>9} {time:>11}  {:<15} {address:<16} {:>11} {block:>11} {:>11}  {}{detail}",
                 e.action.name(),
                 fmt_bytes(e.size),
-                fmt_bytes(d.series.allocated[i]),
+                fmt_bytes(d.series.allocated(i)),
                 sites.get(e.stack)
             );
             if out.len() >= PIECE {

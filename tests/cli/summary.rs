@@ -432,3 +432,31 @@ fn anomaly_mode_forward_frames_are_known() {
     assert_eq!(s["unknown_keys"], serde_json::json!({}), "{}", s["unknown_keys"]);
     assert_eq!(s["device_type"]["name"], "cuda");
 }
+
+/// `annotate` entries (torch >= 2.14, `_annotate_tensor`; fixture g02 is the real f04 with them
+/// added in that shape by fixtures/gen/make_formats.py) label the live block at their address
+/// until it is freed, the newest text winning; one given after its block's free labels nothing.
+/// They allocate nothing: the peaks test holds g02 to f04's truth.
+#[test]
+fn annotations_label_the_blocks_they_name() {
+    let path = fixture("formats/g02_annotate.pickle.xz");
+    let truth: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("formats/g02_annotate.truth.json")).unwrap()).unwrap();
+    let s = summary_json(&path);
+    assert_eq!(s["unknown_actions"], json!({}), "annotate is a known action");
+    let actions = &s["devices"][0]["trace"]["actions"];
+    assert_eq!(actions["annotate"], truth["annotate_entries"]);
+
+    let a = memsnap(&["analyze", path.to_str().unwrap(), "--json"]).json();
+    let end = &a["devices"][0]["end"]["by_metadata"];
+    let bytes = |label: &str| {
+        end.as_array().unwrap().iter().find(|l| l["label"] == label).map(|l| l["bytes"].as_u64().unwrap())
+    };
+    for (label, want) in truth["annotated"].as_object().unwrap() {
+        assert_eq!(bytes(label), want.as_u64(), "{label} in {end}");
+    }
+    assert_eq!(bytes("kv-cache/0"), None, "the newer text replaced it");
+    assert_eq!(bytes("stale"), None, "an annotation after the free labels nothing");
+    let phases = a["devices"][0]["phases"]["labels"].to_string();
+    assert!(!phases.contains("kv-cache"), "an annotation is not a phase: {phases}");
+}

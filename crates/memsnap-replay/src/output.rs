@@ -17,37 +17,65 @@ pub struct Totals {
     pub requested: u64,
 }
 
-/// The counters after each trace event, one column per counter (index = event index).
+/// The counters after each trace event (index = event index), stored compactly: per chunk of
+/// [`Series::CHUNK`] events the counters at its start, and per event each counter's difference
+/// from them as an `i32` (16 bytes per event for the four counters, against 32 as plain `u64`
+/// columns: on a 12 M-event trace that is 197 MB less). A value that moved more than 2 GiB
+/// from its chunk's start within the chunk is kept whole in a side table. Every value is exact.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Series {
     /// The counters before the first event (the reconstructed start state).
     pub start: Totals,
-    pub allocated: Vec<u64>,
-    pub reserved: Vec<u64>,
-    pub active: Vec<u64>,
-    pub requested: Vec<u64>,
+    /// Per chunk: allocated, reserved, active, requested at the chunk's start.
+    pub(crate) bases: Vec<[u64; 4]>,
+    /// Per event: allocated and active differences (low and high 32 bits).
+    pub(crate) allocated_active: Vec<u64>,
+    /// Per event: reserved and requested differences.
+    pub(crate) reserved_requested: Vec<u64>,
+    /// Events whose differences do not fit, with their values, by index.
+    pub(crate) wide: Vec<(u32, Totals)>,
 }
 
 impl Series {
+    /// Events per chunk of stored bases.
+    pub const CHUNK: usize = crate::effects::CHUNK;
+    /// The stored difference pair that says "look in the side table".
+    pub(crate) const WIDE: u64 = 0x8000_0000_8000_0000;
+
     pub fn len(&self) -> usize {
-        self.allocated.len()
+        self.allocated_active.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.allocated.is_empty()
+        self.allocated_active.is_empty()
     }
 
     /// The counters after event `index`, or before the first event when `None`.
     pub fn after(&self, index: Option<usize>) -> Totals {
-        match index {
-            None => self.start,
-            Some(i) => Totals {
-                allocated: self.allocated[i],
-                reserved: self.reserved[i],
-                active: self.active[i],
-                requested: self.requested[i],
-            },
+        let Some(i) = index else { return self.start };
+        let (aa, rr) = (self.allocated_active[i], self.reserved_requested[i]);
+        if aa == Self::WIDE {
+            let k = self.wide.binary_search_by_key(&(i as u32), |w| w.0).expect("a wide value is in the side table");
+            return self.wide[k].1;
         }
+        let base = &self.bases[i / Self::CHUNK];
+        let at = |b: u64, d: u64| b.wrapping_add(d as u32 as i32 as i64 as u64);
+        Totals {
+            allocated: at(base[0], aa),
+            reserved: at(base[1], rr),
+            active: at(base[2], aa >> 32),
+            requested: at(base[3], rr >> 32),
+        }
+    }
+
+    /// Allocated bytes after event `i`.
+    pub fn allocated(&self, i: usize) -> u64 {
+        self.after(Some(i)).allocated
+    }
+
+    /// One counter after every event, as a column (for tests and small traces).
+    pub fn column(&self, pick: impl Fn(&Totals) -> u64) -> Vec<u64> {
+        (0..self.len()).map(|i| pick(&self.after(Some(i)))).collect()
     }
 }
 

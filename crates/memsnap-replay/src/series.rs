@@ -33,21 +33,19 @@ pub(crate) fn build_series(
         }
     }
 
-    let n = events.len();
-    let (mut reserved, mut requested) = (vec![0u64; n], vec![0u64; n]);
-    // Per chunk and counter: the highest value and the first event that reached it.
-    let chunk_peaks: Vec<[(u64, Option<usize>); 4]> = (
-        effects.bits.par_chunks(CHUNK),
-        effects.requested.par_chunks(CHUNK),
-        reserved.par_chunks_mut(CHUNK),
-        requested.par_chunks_mut(CHUNK),
-    )
+    // Per chunk and counter: the highest value and the first event that reached it; and the
+    // chunk's values too far from its base to be stored as differences.
+    type ChunkOut = ([(u64, Option<usize>); 4], Vec<(u32, Totals)>);
+    let bases: Vec<[u64; 4]> = chunk_starts.iter().map(|t| t.map(|v| v.max(0) as u64)).collect();
+    let per_chunk: Vec<ChunkOut> = (effects.bits.par_chunks(CHUNK), effects.requested.par_chunks(CHUNK))
         .into_par_iter()
         .enumerate()
-        .map(|(c, (bits, req_bits, r, req))| {
+        .map(|(c, (bits, req_bits))| {
             let mut t = chunk_starts[c];
+            let base = bases[c];
             let mut peaks = [(0u64, None); 4];
-            let base = c * CHUNK;
+            let mut wide = Vec::new();
+            let first = c * CHUNK;
             for j in 0..bits.len() {
                 let d = Effect::load_from(&bits[j], &req_bits[j]).delta();
                 if d != [0; 4] {
@@ -55,21 +53,40 @@ pub(crate) fn build_series(
                     for (peak, v) in peaks.iter_mut().zip(t) {
                         let v = v.max(0) as u64;
                         if peak.1.is_none() || v > peak.0 {
-                            *peak = (v, Some(base + j));
+                            *peak = (v, Some(first + j));
                         }
                     }
                 }
                 let v = t.map(|v| v.max(0) as u64);
-                // The effect is read; its slots now take the allocated and active values.
-                bits[j].store(v[0], Relaxed);
-                req_bits[j].store(v[2], Relaxed);
-                (r[j], req[j]) = (v[1], v[3]);
+                // The effect is read; its two slots now take the four differences.
+                let diff = |k: usize| {
+                    let d = v[k] as i128 - base[k] as i128;
+                    (d > i32::MIN as i128 && d <= i32::MAX as i128).then_some(d as i32 as u32 as u64)
+                };
+                match (diff(0), diff(1), diff(2), diff(3)) {
+                    (Some(al), Some(re), Some(ac), Some(rq)) => {
+                        bits[j].store(al | ac << 32, Relaxed);
+                        req_bits[j].store(re | rq << 32, Relaxed);
+                    }
+                    _ => {
+                        bits[j].store(Series::WIDE, Relaxed);
+                        req_bits[j].store(0, Relaxed);
+                        let totals = Totals { allocated: v[0], reserved: v[1], active: v[2], requested: v[3] };
+                        wide.push(((first + j) as u32, totals));
+                    }
+                }
             }
-            peaks
+            (peaks, wide)
         })
         .collect();
     let column = |c: Vec<AtomicU64>| c.into_iter().map(AtomicU64::into_inner).collect();
-    let (allocated, active) = (column(effects.bits), column(effects.requested));
+    let (allocated_active, reserved_requested) = (column(effects.bits), column(effects.requested));
+    let mut wide = Vec::new();
+    let mut chunk_peaks = Vec::with_capacity(per_chunk.len());
+    for (peaks, w) in per_chunk {
+        chunk_peaks.push(peaks);
+        wide.extend(w);
+    }
 
     // The first chunk that reaches the highest value holds the first event that reached it.
     let at_start = |value| Peak { value, event_index: None, time_us: None };
@@ -84,7 +101,7 @@ pub(crate) fn build_series(
     }
     let [allocated_peak, reserved_peak, active_peak, requested_peak] = peaks;
     (
-        Series { start, allocated, reserved, active, requested },
+        Series { start, bases, allocated_active, reserved_requested, wide },
         Peaks { allocated: allocated_peak, reserved: reserved_peak, active: active_peak, requested: requested_peak },
     )
 }

@@ -170,16 +170,18 @@ pub fn sample(
         .into_par_iter()
         .map(|k| {
             let (lo, hi) = bounds(k);
-            let mut rep = lo;
+            let (mut rep, mut amax_at_rep) = (lo, s.allocated(lo));
+            let (mut rmax, mut amax, mut lmin) = (0, 0, u64::MAX);
             for i in lo..hi {
-                if s.allocated[i] > s.allocated[rep] {
-                    rep = i;
+                let t = s.after(Some(i));
+                if t.allocated > amax_at_rep {
+                    (rep, amax_at_rep) = (i, t.allocated);
                 }
+                rmax = rmax.max(t.reserved);
+                amax = amax.max(t.active);
+                lmin = lmin.min(t.allocated);
             }
-            let rmax = s.reserved[lo..hi].iter().copied().max().unwrap_or(0);
-            let amax = s.active[lo..hi].iter().copied().max().unwrap_or(0);
-            let lmin = s.allocated[lo..hi].iter().copied().min().unwrap_or(0);
-            (rep, s.allocated[rep], rmax, amax, lmin)
+            (rep, amax_at_rep, rmax, amax, if lo < hi { lmin } else { 0 })
         })
         .collect();
     let reps: Vec<usize> = per.iter().map(|p| p.0).collect();
@@ -332,8 +334,8 @@ pub fn sample(
                     if timed { format!(" ({} into the trace)", fmt_seconds(xm.seconds(i))) } else { String::new() },
                     fmt_bytes(e.size),
                     fmt_bytes(e.device_free()),
-                    fmt_bytes(s.allocated[i]),
-                    fmt_bytes(s.reserved[i])
+                    fmt_bytes(s.after(Some(i)).allocated),
+                    fmt_bytes(s.after(Some(i)).reserved)
                 ),
             ));
         }

@@ -159,7 +159,7 @@ pub fn measure(cx: &Context, blocks: &[usize], boundaries: &[u32]) -> Measured {
         if peak_idx == Some(t) {
             at_peak = l;
         }
-        let without = d.series.allocated[t].saturating_sub(l);
+        let without = d.series.allocated(t).saturating_sub(l);
         peak_without = Some(peak_without.map_or(without, |p: u64| p.max(without)));
     }
     for _ in bounds {

@@ -321,6 +321,7 @@ impl TraceBuilder {
                 expandable_segments: Some(false),
                 roundup_power2_divisions: BTreeMap::new(),
                 raw: BTreeMap::new(),
+                ..Default::default()
             },
             annotations: Vec::new(),
             host: Default::default(),
