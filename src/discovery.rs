@@ -1,14 +1,15 @@
-//! Input discovery: the command-line paths as the inputs rows are written for, in order: files,
+//! Input discovery: the command-line paths as the snapshot files they name, in order: files,
 //! directories walked recursively (only files named like snapshots), glob patterns, and an error
-//! input for an argument that cannot be read.
+//! input for an argument that cannot be read. `batch` writes a row per input; `ranks` and the
+//! runs diff place each file in its job (`crate::job`).
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use crate::emit::shown_path;
 
-/// One input the rows are about, in output order.
-pub(super) enum Input {
+/// One input (a row of `batch`, a member of a job), in output order.
+pub(crate) enum Input {
     File {
         shown: String,
         path: PathBuf,
@@ -21,10 +22,10 @@ pub(super) enum Input {
 }
 
 #[derive(Default)]
-pub(super) struct Discovery {
-    pub(super) inputs: Vec<Input>,
+pub(crate) struct Discovery {
+    pub(crate) inputs: Vec<Input>,
     /// Files in walked directories whose names do not look like snapshots.
-    pub(super) skipped: usize,
+    pub(crate) skipped: usize,
     /// Canonical paths of the files already listed: a file reached twice gets one row.
     seen: HashSet<PathBuf>,
     /// Canonical paths of the directories walked, against symlink loops.
@@ -33,7 +34,7 @@ pub(super) struct Discovery {
 
 /// `*.pickle` or `*.pkl`, optionally compressed (`.gz`, `.gzip`, `.zst`, `.zstd`, `.xz`);
 /// case-insensitive.
-pub(super) fn is_snapshot_name(name: &str) -> bool {
+pub(crate) fn is_snapshot_name(name: &str) -> bool {
     let lower = name.to_ascii_lowercase();
     let base =
         [".gz", ".gzip", ".zst", ".zstd", ".xz"].iter().find_map(|ext| lower.strip_suffix(ext)).unwrap_or(&lower);
@@ -62,7 +63,7 @@ impl Discovery {
     /// Add an existing path: a directory is walked, anything else is read as a snapshot.
     /// `explicit` is a path named on the command line, which is read whatever it is (a FIFO
     /// blocks until written, like `cat`); a path found in a directory or by a pattern is read
-    /// only when it is a regular file, so a FIFO or a device there cannot hang the batch.
+    /// only when it is a regular file, so a FIFO or a device there cannot hang the command.
     fn add_path(&mut self, path: PathBuf, explicit: bool) {
         let meta = std::fs::metadata(&path);
         if !explicit && meta.as_ref().is_ok_and(|m| !m.is_dir() && !m.is_file()) {
@@ -119,7 +120,7 @@ impl Discovery {
         self.skipped += 1;
     }
 
-    pub(super) fn add_arg(&mut self, arg: &Path) {
+    pub(crate) fn add_arg(&mut self, arg: &Path) {
         if arg.as_os_str() == "-" || arg.exists() {
             return self.add_path(arg.to_path_buf(), true);
         }

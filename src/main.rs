@@ -4,8 +4,10 @@
 mod alloc;
 mod args;
 mod cmd;
+mod discovery;
 mod emit;
 mod input;
+mod job;
 mod json;
 mod json_stream;
 mod load;
@@ -75,6 +77,11 @@ enum Command {
     /// CI gate: exit 1 when a limit is exceeded or a suspect kind is found.
     #[command(after_help = "Example:\n  memsnap check run.pickle --max-peak 20GiB --fail-on leaks")]
     Check(cmd::check::Args),
+    /// One job's per-rank dumps: peaks per rank, imbalance, the odd rank out, growth per iteration.
+    #[command(
+        after_help = "Example:\n  memsnap ranks snapshots/      (torchtitan: iteration_N/rankR_memory_snapshot.pickle)"
+    )]
+    Ranks(cmd::ranks::Args),
     /// Compare two snapshots: peaks, sites, categories, suspects.
     #[command(after_help = "Example:\n  memsnap diff before.pickle after.pickle")]
     Diff(cmd::diff::Args),
@@ -105,6 +112,7 @@ fn main() -> ExitCode {
         Command::Batch(a) => cmd::batch::run(a),
         Command::Check(a) => cmd::check::run(a),
         Command::Diff(a) => cmd::diff::run(a),
+        Command::Ranks(a) => cmd::ranks::run(a),
         Command::Docs(a) => cmd::docs::run(a),
         Command::Completions { shell } => {
             let mut out = Vec::new();

@@ -1,6 +1,6 @@
-//! Formatting shared by the text outputs: sizes, categories.
+//! Formatting shared by the text outputs: sizes, categories, site labels.
 
-use memsnap_analysis::Category;
+use memsnap_analysis::{Category, Site};
 
 /// Bytes with a binary unit and two decimals (`20.00 MiB`), the one precision of every text
 /// output.
@@ -17,6 +17,15 @@ pub fn category_title(c: Category) -> &'static str {
         Category::Temporaries => "temporaries",
         Category::Other => "other long-lived",
     }
+}
+
+/// A suspect's site as the label suspects are matched by: [`Site::short`]
+/// (`path/last/parts.py:LINE (function)`), or `(no user frame)` without a site. `diff` matches the
+/// suspects of two files by kind and this label, `ranks` those of the ranks of a job, so that files
+/// written from different checkouts or machines line up; both also print it and write it as the
+/// JSON's `label`.
+pub fn site_label(site: Option<&Site>) -> String {
+    site.map_or_else(|| "(no user frame)".to_string(), Site::short)
 }
 
 /// The time of the first timed event of `events`: the origin of every relative time a text

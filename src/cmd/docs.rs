@@ -18,6 +18,11 @@ pub const PAGES: &[(&str, &str, &str)] = &[
     ("report", "the HTML/SVG report", include_str!("../../docs/report.md")),
     ("check", "the CI gate: limits, --fail-on, exit codes", include_str!("../../docs/check.md")),
     ("diff", "comparing two snapshots", include_str!("../../docs/diff.md")),
+    (
+        "ranks",
+        "one job's per-rank dumps: imbalance, the odd rank out, two runs diffed rank by rank",
+        include_str!("../../docs/ranks.md"),
+    ),
     ("batch", "one row per snapshot over an archive; resuming", include_str!("../../docs/batch.md")),
     ("replay", "how the allocator is replayed to the byte", include_str!("../../docs/replay.md")),
     ("format", "the snapshot pickle, key by key, and which PyTorch wrote what", include_str!("../../docs/format.md")),

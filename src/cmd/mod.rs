@@ -7,6 +7,7 @@ pub mod check;
 pub mod diff;
 pub mod docs;
 pub mod flamegraph;
+pub mod ranks;
 pub mod report;
 pub mod segments;
 pub mod summary;

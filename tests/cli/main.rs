@@ -14,6 +14,7 @@ mod golden;
 mod hostile_cli;
 mod hostile_streams;
 mod output;
+mod ranks;
 mod report;
 mod scorecard;
 mod summary;

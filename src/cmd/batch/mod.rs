@@ -9,13 +9,12 @@
 //! which replaces OUT at the end, and `--resume` continues an interrupted run from it to the same
 //! bytes. See docs/batch.md.
 //!
-//! The parts: [`discovery`] turns the arguments into inputs, [`budget`] estimates what each
+//! The parts: [`crate::discovery`] turns the arguments into inputs, [`budget`] estimates what each
 //! costs and how much may be in flight, [`rows`] analyses a file into a row and writes it as
 //! JSON or CSV, and [`resume`] opens the output and finds what an interrupted run left. This
 //! module holds the arguments and the loop that admits, schedules and writes.
 
 mod budget;
-mod discovery;
 mod resume;
 mod rows;
 
@@ -27,11 +26,11 @@ use std::sync::mpsc;
 
 use memsnap_model::printable;
 
+use crate::discovery::{Discovery, Input};
 use crate::emit::shown_path;
 use crate::output;
 
 use budget::{default_budget, estimate_pickle_bytes, Estimate};
-use discovery::{Discovery, Input};
 use resume::{input_key, open_output};
 use rows::{analyze_row, row_line, Outcome, Row};
 

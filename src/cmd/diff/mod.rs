@@ -6,6 +6,11 @@
 //! rank 0 on `cuda:0`, rank 1 on `cuda:1`). Sites are matched by their label (file path
 //! shortened to its last components, line and function), suspects by kind and site, so that
 //! files written from different checkouts or machines still line up. See docs/diff.md.
+//!
+//! Two directories instead of two files are two runs of per-rank dumps: each rank's pair of files
+//! is diffed as here and summarised rank by rank ([`runs`], docs/ranks.md).
+
+mod runs;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -23,7 +28,7 @@ use crate::pipeline::{analyze_file, Analyzed};
 use crate::pipeline::{device_figures, DeviceFigures};
 use crate::pipeline::{file_name, lacks};
 use crate::size;
-use crate::text::category_title;
+use crate::text::{category_title, site_label};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -40,6 +45,16 @@ pub struct Args {
 }
 
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    let (before_dir, after_dir) = (args.before.is_dir(), args.after.is_dir());
+    if before_dir || after_dir {
+        anyhow::ensure!(
+            before_dir && after_dir,
+            "{} is a directory and {} is not: give two snapshot files, or two run directories of per-rank files",
+            shown_path(if before_dir { &args.before } else { &args.after }),
+            shown_path(if before_dir { &args.after } else { &args.before })
+        );
+        return runs::run(&args.before, &args.after, args.json);
+    }
     anyhow::ensure!(
         !(args.before.as_os_str() == "-" && args.after.as_os_str() == "-"),
         "only one of BEFORE and AFTER can be `-` (stdin)"
@@ -56,6 +71,54 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         emit(&diff_text(&d, &args.before, &args.after, args.top))?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What a diff of two runs shows of one rank's pair of files: the whole two-file diff as JSON,
+/// and per device pair its totals; the suspects that appeared, vanished or persisted.
+struct Summary {
+    pub json: Value,
+    pub devices: Vec<PairTotals>,
+    pub appeared: Vec<String>,
+    pub vanished: Vec<String>,
+    pub persisting: Vec<String>,
+}
+
+/// The totals of one matched device pair: (name as the JSON has it, before, after).
+struct PairTotals {
+    pub before_device: u32,
+    pub after_device: u32,
+    pub totals: Vec<(&'static str, u64, u64)>,
+}
+
+/// [`Summary`] of the diff of two analysed files, by the same matching as the two-file diff.
+fn summary(before: &Analyzed, after: &Analyzed, before_path: &Path, after_path: &Path) -> Summary {
+    let d = compare(before, after);
+    let devices = d
+        .pairs
+        .iter()
+        .map(|p| PairTotals {
+            before_device: p.before.figures.device,
+            after_device: p.after.figures.device,
+            totals: totals(p).iter().map(|(name, _, c)| (*name, c.before, c.after)).collect(),
+        })
+        .collect();
+    let line = |s: &Suspect| {
+        format!("{} at {} ({})", s.kind.name(), printable(&site_label(s.site.as_ref())), size::format(s.bytes))
+    };
+    let appeared =
+        d.suspects.iter().filter(|m| m.before.is_empty()).flat_map(|m| m.after.iter().map(|s| line(s))).collect();
+    let vanished =
+        d.suspects.iter().filter(|m| m.after.is_empty()).flat_map(|m| m.before.iter().map(|s| line(s))).collect();
+    let persisting = d
+        .suspects
+        .iter()
+        .filter(|m| !m.before.is_empty() && !m.after.is_empty())
+        .map(|m| {
+            let c = m.bytes();
+            format!("{} at {} ({} -> {})", m.kind, printable(&m.site), size::format(c.before), size::format(c.after))
+        })
+        .collect();
+    Summary { json: diff_json(&d, before_path, after_path), devices, appeared, vanished, persisting }
 }
 
 /// One side of a matched device pair.
@@ -158,10 +221,6 @@ fn compare<'a>(before: &'a Analyzed, after: &'a Analyzed) -> Diff<'a> {
         }
     };
     Diff { before, after, matching, pairs, only_before, only_after, suspects: match_suspects(before, after) }
-}
-
-fn site_label(site: Option<&Site>) -> String {
-    site.map_or_else(|| "(no user frame)".to_string(), Site::short)
 }
 
 /// Suspects grouped by (kind, site label) over all devices. Groups are in rank order (OOMs first,
