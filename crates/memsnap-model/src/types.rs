@@ -225,6 +225,26 @@ pub struct TraceEvent {
 }
 
 impl TraceEvent {
+    /// The entry's action.
+    pub fn action(&self) -> Action {
+        self.action
+    }
+    /// The entry's `size` (see the field).
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+    /// The entry's `stream` (a raw `cudaStream_t` value; 0 for the default stream).
+    pub fn stream(&self) -> u64 {
+        self.stream
+    }
+    /// `user_metadata` ([`StrId::EMPTY`] when absent).
+    pub fn user_metadata(&self) -> StrId {
+        self.user_metadata
+    }
+    /// `compile_context` ([`StrId::EMPTY`] when "N/A" or absent).
+    pub fn compile_context(&self) -> StrId {
+        self.compile_context
+    }
     pub fn device_free(&self) -> u64 {
         self.addr
     }
