@@ -196,8 +196,11 @@ fn device_text(s: &mut String, snap: &Snapshot, d: &DeviceReplay, m: &MemoryMap)
         if seg.is_expandable {
             kind.push('e');
         }
-        if seg.pool_id != (0, 0) {
-            kind.push('g');
+        match memsnap_model::PoolKind::of(seg.pool_id) {
+            memsnap_model::PoolKind::Default => {}
+            memsnap_model::PoolKind::GraphPrivate => kind.push('g'),
+            memsnap_model::PoolKind::UserCreated => kind.push('u'),
+            memsnap_model::PoolKind::Private => kind.push('p'),
         }
         if seg.stream != 0 {
             kind.push('s');
@@ -223,7 +226,7 @@ fn device_text(s: &mut String, snap: &Snapshot, d: &DeviceReplay, m: &MemoryMap)
     // and unsplit blocks add to allocations ("internal").
     let internal = total.allocated_bytes - total.requested_bytes;
     let free = total.free_bytes + internal;
-    let _ = writeln!(s, "segments: {}  (flags: e expandable, g CUDA-graph pool, s side stream)", m.segments.len());
+    let _ = writeln!(s, "segments: {}  (flags: e expandable, g CUDA graph's private pool, u user-created pool (MemPool, graph_pool_handle), p other private pool, s side stream)", m.segments.len());
     let _ = writeln!(s, "total_reserved: {}", fmt_bytes(reserved));
     let _ = writeln!(
         s,

@@ -69,8 +69,14 @@ fn check_peaks(path: &Path, out: &Value, truth: &Value, failures: &mut Vec<Strin
     // the live process's counters are not its numbers, and its reserved bytes are unknown.
     if truth["producer"] == "profiler_converted" {
         for d in devices {
-            if !d["peak_reserved_bytes"].is_null() || !d["reserved_bytes"].is_null() || d["peak_allocated_bytes"].is_null() {
-                failures.push(format!("{}: a profiler-converted file has a peak allocated and no reserved: {d}", path.display()));
+            if !d["peak_reserved_bytes"].is_null()
+                || !d["reserved_bytes"].is_null()
+                || d["peak_allocated_bytes"].is_null()
+            {
+                failures.push(format!(
+                    "{}: a profiler-converted file has a peak allocated and no reserved: {d}",
+                    path.display()
+                ));
             }
         }
         return;

@@ -460,3 +460,28 @@ fn annotations_label_the_blocks_they_name() {
     let phases = a["devices"][0]["phases"]["labels"].to_string();
     assert!(!phases.contains("kv-cache"), "an annotation is not a phase: {phases}");
 }
+
+/// The segment table flags each segment's pool by its id: `u` for the MemPools of f01 (ids
+/// `(0, 1)`, `(0, 2)`), `g` for the CUDA graph's own pool of f02 (`(1, 0)`), as many as the
+/// summary counts.
+#[test]
+fn segment_table_flags_pools_by_kind() {
+    let flagged = |name: &str, flag: char| {
+        let path = fixture(&format!("formats/{name}.pickle.xz"));
+        let out = memsnap(&["segments", path.to_str().unwrap()]).stdout;
+        out.lines()
+            .filter(|l| l.starts_with("0x") && l.split_whitespace().nth(2).is_some_and(|k| k.contains(flag)))
+            .count() as u64
+    };
+    let pools = |name: &str| {
+        summary_json(&fixture(&format!("formats/{name}.pickle.xz")))["devices"][0]["segments_by_pool"].clone()
+    };
+    let user = pools("f01_mempool")["user_created"]["segments"].as_u64().unwrap();
+    assert!(user > 0);
+    assert_eq!(flagged("f01_mempool", 'u'), user);
+    assert_eq!(flagged("f01_mempool", 'g'), 0);
+    assert_eq!(
+        flagged("f02_cuda_graph_pool", 'g'),
+        pools("f02_cuda_graph_pool")["graph_private"]["segments"].as_u64().unwrap()
+    );
+}

@@ -191,7 +191,13 @@ pub fn label_runs(snap: &Snapshot, events: &[TraceEvent]) -> Vec<LabelRun> {
         let mut open: Option<(StrId, u32, u32, u64)> = None;
         let close = |open: Option<(StrId, u32, u32, u64)>, runs: &mut Vec<LabelRun>| {
             if let Some((id, first, last, n)) = open {
-                runs.push(LabelRun { kind, name: snap.str(id).to_string(), first_event: first, last_event: last, events: n });
+                runs.push(LabelRun {
+                    kind,
+                    name: snap.str(id).to_string(),
+                    first_event: first,
+                    last_event: last,
+                    events: n,
+                });
             }
         };
         for (i, e) in events.iter().enumerate() {

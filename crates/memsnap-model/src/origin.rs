@@ -70,7 +70,10 @@ impl Snapshot {
             return found(DeviceType::Npu, "trace action workspace_snapshot, which only torch_npu writes".into());
         }
         let raw = &self.settings.raw;
-        if raw.contains_key("PYTORCH_ALLOC_CONF") && !raw.contains_key("PYTORCH_CUDA_ALLOC_CONF") && !raw.contains_key("max_split_size") {
+        if raw.contains_key("PYTORCH_ALLOC_CONF")
+            && !raw.contains_key("PYTORCH_CUDA_ALLOC_CONF")
+            && !raw.contains_key("max_split_size")
+        {
             return found(
                 DeviceType::Xpu,
                 "allocator_settings has PYTORCH_ALLOC_CONF and none of the CUDA allocator's keys, as torch.xpu writes it".into(),
@@ -82,7 +85,10 @@ impl Snapshot {
             }
         }
         if raw.contains_key("PYTORCH_CUDA_ALLOC_CONF") {
-            return found(DeviceType::Cuda, "allocator_settings.PYTORCH_CUDA_ALLOC_CONF, which torch.cuda writes".into());
+            return found(
+                DeviceType::Cuda,
+                "allocator_settings.PYTORCH_CUDA_ALLOC_CONF, which torch.cuda writes".into(),
+            );
         }
         None
     }

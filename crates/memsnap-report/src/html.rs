@@ -106,7 +106,8 @@ pub fn render(r: &Report) -> String {
         }
         s.push_str("</tbody>\n</table>\n</div>\n");
         for (kind, by) in &d.labels {
-            let _ = writeln!(s, "<div class=\"card\">\n<h3>Who holds the peak: allocated bytes by {}</h3>", escape(kind));
+            let _ =
+                writeln!(s, "<div class=\"card\">\n<h3>Who holds the peak: allocated bytes by {}</h3>", escape(kind));
             s.push_str("<table>\n<thead><tr><th>label</th><th class=\"num\">bytes</th><th class=\"num\">share</th></tr></thead>\n<tbody>\n");
             for (label, bytes) in by {
                 let _ = writeln!(

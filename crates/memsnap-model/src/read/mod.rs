@@ -1184,7 +1184,8 @@ impl Converter<'_, '_, '_> {
                 "expandable_segments" => s.expandable_segments = heap.as_i128(val).map(|i| i != 0),
                 "trace_alloc_overflowed" => s.trace_overflowed = heap.as_i128(val).map(|i| i != 0),
                 "trace_alloc_max_entries" => {
-                    s.trace_max_entries = heap.as_i128(val).filter(|&i| i > 0 && i <= u64::MAX as i128).map(|i| i as u64)
+                    s.trace_max_entries =
+                        heap.as_i128(val).filter(|&i| i > 0 && i <= u64::MAX as i128).map(|i| i as u64)
                 }
                 "roundup_power2_divisions" => {
                     if let Value::Dict(_) = val {

@@ -148,7 +148,10 @@ fn segments_at_a_reused_address_do_not_mix() {
         segment(b, 2 * MIB, false, vec![block(b, 2 * MIB, BlockState::Inactive)]),
     ];
     let d = run(finals, events, AllocatorSettings::default());
-    assert_eq!(d.series.column(|t| t.reserved), vec![2 * MIB, 4 * MIB, 4 * MIB, 4 * MIB, 4 * MIB, 2 * MIB, 4 * MIB, 4 * MIB]);
+    assert_eq!(
+        d.series.column(|t| t.reserved),
+        vec![2 * MIB, 4 * MIB, 4 * MIB, 4 * MIB, 4 * MIB, 2 * MIB, 4 * MIB, 4 * MIB]
+    );
     let lifetimes: Vec<_> = d.segments.iter().map(|s| (s.address, s.created_event, s.released_event)).collect();
     assert_eq!(lifetimes, vec![(a, Some(0), Some(5)), (a, Some(6), None), (b, Some(1), None)]);
 }
@@ -212,7 +215,10 @@ fn expandable_segments_map_and_unmap() {
     )];
     let d = run(finals, events, settings);
     assert_eq!(allocated(&d)[1], 19 * MIB + MIB / 2);
-    assert_eq!(d.series.column(|t| t.reserved), vec![20 * MIB, 20 * MIB, 40 * MIB, 40 * MIB, 40 * MIB, 40 * MIB, 20 * MIB]);
+    assert_eq!(
+        d.series.column(|t| t.reserved),
+        vec![20 * MIB, 20 * MIB, 40 * MIB, 40 * MIB, 40 * MIB, 40 * MIB, 20 * MIB]
+    );
     // After the second map, the two mapped ranges are one segment.
     let map = d.state_after(Some(3));
     assert_eq!(map.segments.len(), 1);
