@@ -1,5 +1,7 @@
 //! `memsnap report FILE -o report.html|report.svg`: the self-contained report (verdict,
 //! timeline, peak attribution, flamegraph, segment map, caveats) as an HTML page or one SVG.
+//! The HTML page is interactive (inline script and data, nothing fetched) unless `--static`
+//! asks for the script-free page.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -31,6 +33,15 @@ pub struct Args {
     /// or `time` (seconds since the first event).
     #[arg(long, value_enum, default_value_t = XAxisArg::Events)]
     pub x_axis: XAxisArg,
+    /// Write the HTML page without its script and data: static figures only, for places that
+    /// strip scripts (some mail clients, wikis). The SVG format is always static.
+    #[arg(long = "static")]
+    pub static_page: bool,
+    /// Also embed, event by event, the iteration that holds MOMENT (the window of 4,096 events
+    /// around it outside iterations), before the page's own choice; repeatable. Traces of up to
+    /// 131,072 events are embedded whole anyway. MOMENT as in `flamegraph --at`.
+    #[arg(long, value_name = "MOMENT", value_parser = crate::moment::parse)]
+    pub detail: Vec<crate::moment::At>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -55,6 +66,33 @@ pub fn format_of(output: &Path, format: Option<Format>) -> anyhow::Result<Format
     }
 }
 
+/// `--detail` moments as (device, event) on every device where they exist; an error only when
+/// one exists on no device.
+fn focus(a: &crate::pipeline::Analyzed, moments: &[crate::moment::At]) -> anyhow::Result<Vec<(u32, usize)>> {
+    let mut out = Vec::new();
+    for at in moments {
+        let mut first_error = None;
+        let mut found = false;
+        for (d, da) in a.replay.devices.iter().zip(&a.analysis.devices) {
+            let events = a.loaded.snapshot.trace(d.device).map_or(&[][..], |t| &t.events[..]);
+            if events.is_empty() {
+                continue;
+            }
+            match at.resolve(events, d.peaks.allocated.event_index, || da.phases.iteration_starts.clone()) {
+                Ok(e) => {
+                    out.push((d.device, e.unwrap_or(0)));
+                    found = true;
+                }
+                Err(e) => first_error = first_error.or(Some(format!("device {}: {e}", d.device))),
+            }
+        }
+        if !found {
+            anyhow::bail!("--detail {}: {}", at.name(), first_error.unwrap_or_else(|| "the file has no trace".into()));
+        }
+    }
+    Ok(out)
+}
+
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let format = format_of(&args.output, args.format)?;
     let a = analyze_file(&args.snapshot.file)?;
@@ -76,10 +114,12 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         },
         ..ReportOptions::default()
     };
+    let detail = memsnap_report::interactive::Detail { focus: focus(&a, &args.detail)? };
     let phase = crate::progress::phase("rendering the report");
     let report = memsnap_report::build(&input, &opts);
     let text = match format {
-        Format::Html => report.html(),
+        Format::Html if args.static_page => report.html(),
+        Format::Html => memsnap_report::interactive::page_with(&input, &report, &detail),
         Format::Svg => report.svg(),
     };
     phase.finish_and_clear();

@@ -13,6 +13,7 @@ mod docs_examples;
 mod golden;
 mod hostile_cli;
 mod hostile_streams;
+mod interactive;
 mod output;
 mod ranks;
 mod report;

@@ -15,6 +15,7 @@
 
 pub mod flame;
 mod html;
+pub mod interactive;
 pub mod segmap;
 mod svg;
 pub mod text;
