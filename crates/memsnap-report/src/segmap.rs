@@ -60,16 +60,21 @@ pub struct SegmentMap {
 }
 
 fn pool(s: &SegmentView) -> String {
-    let mut p = match s.segment_type {
+    pool_name(s.segment_type, s.pool_id, s.is_expandable)
+}
+
+/// A segment's pool as the segment maps (static and interactive) name it.
+pub(crate) fn pool_name(segment_type: SegmentType, pool_id: (u64, u64), is_expandable: bool) -> String {
+    let mut p = match segment_type {
         SegmentType::Small => "small pool",
         SegmentType::Large => "large pool",
         SegmentType::Unknown => "pool unknown",
     }
     .to_string();
-    if let Some(kind) = memsnap_model::PoolKind::of(s.pool_id).title() {
-        let _ = write!(p, ", {kind} ({}, {})", s.pool_id.0, s.pool_id.1);
+    if let Some(kind) = memsnap_model::PoolKind::of(pool_id).title() {
+        let _ = write!(p, ", {kind} ({}, {})", pool_id.0, pool_id.1);
     }
-    if s.is_expandable {
+    if is_expandable {
         p.push_str(", expandable");
     }
     p

@@ -15,7 +15,7 @@ use memsnap_analysis::{
     attr_label, attribute, categorize, find_phases, label_runs, Attr, Category, DeviceAnalysis, Phases, Site,
     StackTable, Suspect,
 };
-use memsnap_model::{classify_filename, clip, FrameId, FrameKind, SegmentType, Snapshot, StackId, StrId};
+use memsnap_model::{classify_filename, clip, FrameId, FrameKind, Snapshot, StackId, StrId};
 use memsnap_replay::DeviceReplay;
 use rayon::prelude::*;
 use serde::Serialize;
@@ -533,19 +533,7 @@ fn gcd(a: u64, b: u64) -> u64 {
 
 /// A segment's pool as the segment map names it.
 fn pool(s: &memsnap_replay::SegmentLifetime) -> String {
-    let mut p = match s.segment_type {
-        SegmentType::Small => "small pool",
-        SegmentType::Large => "large pool",
-        SegmentType::Unknown => "pool unknown",
-    }
-    .to_string();
-    if let Some(kind) = memsnap_model::PoolKind::of(s.pool_id).title() {
-        p.push_str(&format!(", {kind} ({}, {})", s.pool_id.0, s.pool_id.1));
-    }
-    if s.is_expandable {
-        p.push_str(", expandable");
-    }
-    p
+    crate::segmap::pool_name(s.segment_type, s.pool_id, s.is_expandable)
 }
 
 fn phase_data(
