@@ -131,7 +131,7 @@ impl At {
             At::End => Ok(last),
             At::Oom => events
                 .iter()
-                .rposition(|e| e.action == Action::Oom)
+                .rposition(|e| e.action() == Action::Oom)
                 .map(Some)
                 .ok_or_else(|| "--at oom: no out-of-memory event in this device's trace".to_string()),
             At::Event(n) => match last {
@@ -168,16 +168,9 @@ mod tests {
     use super::*;
 
     fn ev(action: Action, t: i64) -> TraceEvent {
-        TraceEvent {
-            addr: 0,
-            size: 0,
-            stream: 0,
-            time_us: t,
-            stack: memsnap_model::StackId(0),
-            compile_context: memsnap_model::StrId::EMPTY,
-            user_metadata: memsnap_model::StrId::EMPTY,
-            action,
-        }
+        let mut e = TraceEvent::new(action, 0);
+        e.time_us = t;
+        e
     }
 
     #[test]

@@ -114,7 +114,7 @@ fn moment_line(snap: &Snapshot, d: &DeviceReplay, m: &MemoryMap) -> String {
                 (true, Some(origin)) => format!(" at {}", since_start(e.time_us, origin)),
                 _ => String::new(),
             };
-            format!("after event {i} of {} ({}){time}", d.event_count, e.action.name())
+            format!("after event {i} of {} ({}){time}", d.event_count, e.action().name())
         }
     }
 }
@@ -153,7 +153,7 @@ fn uncertain_bytes(d: &DeviceReplay, m: &MemoryMap) -> u64 {
         .uncertain_blocks
         .iter()
         .filter(|u| {
-            blocks().any(|b| b.address == u.address && b.lifetime.is_some_and(|k| d.blocks[k].alloc_event.is_none()))
+            blocks().any(|b| b.address == u.address && b.lifetime.is_some_and(|k| d.blocks[k].alloc_event().is_none()))
         })
         .map(|u| u.size_max - u.size_assumed)
         .sum()

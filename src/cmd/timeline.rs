@@ -89,7 +89,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
                     out,
                     "{},{i},{time},{},{},{},{},{}",
                     d.device,
-                    e.action.name(),
+                    e.action().name(),
                     t.allocated,
                     t.reserved,
                     t.active,
@@ -103,7 +103,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
                 let _ = writeln!(
                     out,
                     "{i:>10} {time:>17}  {:<15}{:>12}{:>12}{:>12}{:>12}",
-                    e.action.name(),
+                    e.action().name(),
                     fmt_bytes(t.allocated),
                     fmt_bytes(t.reserved),
                     fmt_bytes(t.active),
@@ -175,7 +175,7 @@ fn when(p: &Peak, events: &[TraceEvent]) -> String {
         None => "at the start".into(),
         Some(i) => format!(
             "after event {i} ({}){}",
-            events[i].action.name(),
+            events[i].action().name(),
             p.time_us.zip(trace_origin(events)).map_or(String::new(), |(t, o)| format!(" at {}", since_start(t, o)))
         ),
     }
@@ -234,7 +234,7 @@ fn write_device_json(
             let _ = if e.has_time() { write!(out, "{}", e.time_us) } else { write!(out, "null") };
         }),
         ("action", &|out, i| {
-            let _ = write!(out, "\"{}\"", events[i].action.name());
+            let _ = write!(out, "\"{}\"", events[i].action().name());
         }),
         ("allocated", &|out, i| number(out, d.series.after(Some(i)).allocated)),
         ("reserved", &|out, i| number(out, d.series.after(Some(i)).reserved)),

@@ -57,7 +57,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
                 (Some(t0), true) => format!("{:.6}", (e.time_us - t0) as f64 / 1e6),
                 _ => String::new(),
             };
-            let (address, detail) = if e.action == Action::Oom {
+            let (address, detail) = if e.action() == Action::Oom {
                 (String::new(), format!("  (device free {})", fmt_bytes(e.device_free())))
             } else {
                 (format!("{:#x}", e.addr), String::new())
@@ -66,7 +66,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             let _ = writeln!(
                 out,
                 "{i:>9} {time:>11}  {:<15} {address:<16} {:>11} {block:>11} {:>11}  {}{detail}",
-                e.action.name(),
+                e.action().name(),
                 fmt_bytes(e.size),
                 fmt_bytes(d.series.allocated(i)),
                 sites.get(e.stack)
@@ -105,7 +105,7 @@ fn start_note(d: &DeviceReplay) -> String {
 fn block_sizes(d: &DeviceReplay) -> Vec<u64> {
     let mut sizes = vec![0u64; d.event_count];
     for b in &d.blocks {
-        for e in [b.alloc_event, b.free_requested_event, b.free_completed_event].into_iter().flatten() {
+        for e in [b.alloc_event(), b.free_requested_event(), b.free_completed_event()].into_iter().flatten() {
             sizes[e as usize] = b.size;
         }
     }

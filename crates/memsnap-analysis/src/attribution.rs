@@ -105,7 +105,7 @@ pub fn alloc_phase(
     b: &BlockLifetime,
     attr: Attr,
 ) -> AllocPhase {
-    let Some(a) = b.alloc_event else { return AllocPhase::PreTrace };
+    let Some(a) = b.alloc_event() else { return AllocPhase::PreTrace };
     if matches!(attr, Attr::Backward(_)) {
         return AllocPhase::Backward;
     }
@@ -122,7 +122,7 @@ pub fn alloc_phase(
 
 /// Attribution of a block, and the stack that explains it.
 pub fn attribute(events: &[TraceEvent], phases: &Phases, stacks: &StackTable, b: &BlockLifetime) -> (Attr, StackId) {
-    let Some(a) = b.alloc_event else {
+    let Some(a) = b.alloc_event() else {
         // Allocated before the trace: the dump's segment table still carries the block's own
         // allocation frames (state-only recordings, wrapped ring buffers, memory made before
         // recording started), so it can be placed at the user's line all the same.
@@ -158,7 +158,7 @@ pub fn categorize(
     b: &BlockLifetime,
     attr: Attr,
 ) -> Category {
-    let Some(a) = b.alloc_event else { return Category::PreTrace };
+    let Some(a) = b.alloc_event() else { return Category::PreTrace };
     let freed = b.freed_at();
     match attr {
         Attr::Backward(_) => {

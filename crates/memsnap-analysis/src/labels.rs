@@ -41,10 +41,11 @@ impl LabelKind {
         }
     }
 
-    fn of(self, e: &TraceEvent) -> StrId {
+    fn of(self, snap: &Snapshot, e: &TraceEvent) -> StrId {
+        let c = snap.context(e);
         match self {
-            LabelKind::Metadata => e.user_metadata,
-            LabelKind::CompileRegion => e.compile_context,
+            LabelKind::Metadata => c.user_metadata,
+            LabelKind::CompileRegion => c.compile_context,
         }
     }
 }
@@ -57,11 +58,12 @@ pub struct Annotations {
 }
 
 impl Annotations {
-    pub fn of(events: &[TraceEvent]) -> Annotations {
+    pub fn of(snap: &Snapshot, events: &[TraceEvent]) -> Annotations {
         let mut by_address: HashMap<u64, Vec<(u32, StrId)>> = HashMap::new();
         for (i, e) in events.iter().enumerate() {
-            if e.action == Action::Annotate && e.user_metadata != StrId::EMPTY {
-                by_address.entry(e.addr).or_default().push((i as u32, e.user_metadata));
+            let text = snap.context(e).user_metadata;
+            if e.action() == Action::Annotate && text != StrId::EMPTY {
+                by_address.entry(e.addr).or_default().push((i as u32, text));
             }
         }
         Annotations { by_address }
@@ -72,7 +74,7 @@ impl Annotations {
     fn newest(&self, b: &BlockLifetime, t: Option<u32>) -> Option<StrId> {
         let t = t?;
         let notes = self.by_address.get(&b.address)?;
-        let after_alloc = |i: u32| b.alloc_event.is_none_or(|a| i > a);
+        let after_alloc = |i: u32| b.alloc_event().is_none_or(|a| i > a);
         let before_free = |i: u32| b.freed_at().is_none_or(|f| i < f);
         notes.iter().rev().find(|&&(i, _)| i <= t && after_alloc(i) && before_free(i)).map(|&(_, s)| s)
     }
@@ -81,6 +83,7 @@ impl Annotations {
 /// The label of a block after event `t`: for metadata, the newest `annotate` text it got by
 /// then, else its `alloc` event's; `None` when it has none (or no `alloc` event).
 pub fn label_of(
+    snap: &Snapshot,
     events: &[TraceEvent],
     annotations: &Annotations,
     b: &BlockLifetime,
@@ -92,8 +95,8 @@ pub fn label_of(
             return Some(s);
         }
     }
-    let e = events.get(b.alloc_event? as usize)?;
-    let id = kind.of(e);
+    let e = events.get(b.alloc_event()? as usize)?;
+    let id = kind.of(snap, e);
     (id != StrId::EMPTY).then_some(id)
 }
 
@@ -106,9 +109,16 @@ pub struct LabelTally {
 }
 
 impl LabelTally {
-    pub fn add(&mut self, events: &[TraceEvent], annotations: &Annotations, b: &BlockLifetime, t: Option<u32>) {
+    pub fn add(
+        &mut self,
+        snap: &Snapshot,
+        events: &[TraceEvent],
+        annotations: &Annotations,
+        b: &BlockLifetime,
+        t: Option<u32>,
+    ) {
         for kind in LabelKind::ALL {
-            *self.by[kind as usize].entry(label_of(events, annotations, b, t, kind)).or_default() += b.size;
+            *self.by[kind as usize].entry(label_of(snap, events, annotations, b, t, kind)).or_default() += b.size;
         }
     }
 
@@ -144,11 +154,11 @@ pub fn label_spans(snap: &Snapshot, events: &[TraceEvent]) -> Vec<LabelSpan> {
     let mut index: BTreeMap<(LabelKind, StrId), usize> = BTreeMap::new();
     for (i, e) in events.iter().enumerate() {
         // An annotation names one block, not a stretch of the run.
-        if e.action == Action::Annotate {
+        if e.action() == Action::Annotate {
             continue;
         }
         for kind in LabelKind::ALL {
-            let id = kind.of(e);
+            let id = kind.of(snap, e);
             if id == StrId::EMPTY {
                 continue;
             }
@@ -202,8 +212,8 @@ pub fn label_runs(snap: &Snapshot, events: &[TraceEvent]) -> Vec<LabelRun> {
         };
         for (i, e) in events.iter().enumerate() {
             let i = i as u32;
-            let id = kind.of(e);
-            if e.action == Action::Annotate || id == StrId::EMPTY {
+            let id = kind.of(snap, e);
+            if e.action() == Action::Annotate || id == StrId::EMPTY {
                 continue;
             }
             match &mut open {

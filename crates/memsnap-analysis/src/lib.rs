@@ -166,9 +166,9 @@ pub fn moment(
     let mut by_phase: BTreeMap<AllocPhase, u64> = BTreeMap::new();
     let mut live = Vec::new();
     let mut labels = LabelTally::default();
-    let annotations = Annotations::of(events);
+    let annotations = Annotations::of(snap, events);
     for b in live_at(d, t) {
-        labels.add(events, &annotations, b, t);
+        labels.add(snap, events, &annotations, b, t);
         let (attr, stack) = attribute(events, phases, stacks, b);
         let e = by_attr.entry(attr).or_default();
         e.0 += b.size;
@@ -260,7 +260,7 @@ fn analyze_device(
         }
     }
     let lifecycle = lifecycle::lifecycle(events, stacks, &phases, d, thresholds);
-    let peak_known = events.iter().any(|e| e.action == memsnap_model::Action::Alloc);
+    let peak_known = events.iter().any(|e| e.action() == memsnap_model::Action::Alloc);
     let cx = detectors::Context {
         snap,
         stacks,

@@ -175,7 +175,7 @@ pub fn lifecycle(
     let recurrence: FxHashMap<(memsnap_model::StackId, u64), u32> = d
         .blocks
         .par_iter()
-        .filter_map(|b| b.alloc_event.map(|a| (events[a as usize].stack, b.size)))
+        .filter_map(|b| b.alloc_event().map(|a| (events[a as usize].stack, b.size)))
         .fold(FxHashMap::default, |mut m, k| {
             *m.entry(k).or_default() += 1;
             m
@@ -192,7 +192,7 @@ pub fn lifecycle(
     let input_stacks: FxHashSet<memsnap_model::StackId> = d
         .blocks
         .par_iter()
-        .filter_map(|b| b.alloc_event)
+        .filter_map(|b| b.alloc_event())
         .filter(|&a| unit_at(a).is_none() && next_unit(a).is_some())
         .map(|a| events[a as usize].stack)
         .filter(|&s| {
@@ -209,7 +209,7 @@ pub fn lifecycle(
         .par_iter()
         .enumerate()
         .map(|(bi, b)| {
-            let a = b.alloc_event?;
+            let a = b.alloc_event()?;
             let stack = events[a as usize].stack;
             let info = stacks.get(stack);
             if !info.python || info.recompute || info.backward_launch || info.optimizer || private[bi] {
@@ -280,7 +280,7 @@ pub fn lifecycle(
     // Awaiting backward: unconsumed grad-on units after the last backward, when the trace ends at
     // an OOM, or when their call site trains.
     let last_bw_start = phases.backwards.last().map(|b| b.span.start);
-    let last_oom = events.iter().rposition(|e| e.action == Action::Oom).map(|i| i as u32);
+    let last_oom = events.iter().rposition(|e| e.action() == Action::Oom).map(|i| i as u32);
     let mut site_last_consumed: Vec<(Option<FrameId>, u32)> = Vec::new();
     for unit in &units {
         if matches!(unit.fate, UnitFate::Consumed { .. }) {
@@ -299,7 +299,7 @@ pub fn lifecycle(
         let site_trains = site_last_consumed.iter().any(|s| s.0 == unit.call_site && s.1 < unit.span.start);
         // A pass that raised an OOM never reached its backward: the exception unwound it.
         let interrupted =
-            events[unit.span.start as usize..unit.span.end as usize].iter().any(|e| e.action == Action::Oom);
+            events[unit.span.start as usize..unit.span.end as usize].iter().any(|e| e.action() == Action::Oom);
         if interrupted || after_last_backward && (oom_after || site_trains) {
             unit.fate = UnitFate::AwaitingBackward;
         }

@@ -124,7 +124,7 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
 
     for (i, e) in events.iter().enumerate() {
         let i = i as u32;
-        if !matches!(e.action, Action::Alloc | Action::FreeRequested | Action::FreeCompleted) {
+        if !matches!(e.action(), Action::Alloc | Action::FreeRequested | Action::FreeCompleted) {
             continue;
         }
         let info = stacks.get(e.stack);
@@ -134,7 +134,7 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
             continue;
         }
         // Backward windows: opened by a launch, closed by the next Python-framed event.
-        if info.backward_launch && e.action == Action::Alloc {
+        if info.backward_launch && e.action() == Action::Alloc {
             if let Some(b) = open_backward.take() {
                 backwards.push(Backward { span: Span { start: b.span.start, end: i }, line: b.line });
             }
@@ -149,7 +149,7 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
             match &mut open_forward {
                 Some(f) if f.call_site == info.forward_call => {
                     f.span.end = i + 1;
-                    if e.action == Action::Alloc {
+                    if e.action() == Action::Alloc {
                         f.last_alloc = Some(i);
                     }
                 }
@@ -157,7 +157,7 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
                     if let Some(f) = open_forward.take() {
                         forwards.push(f);
                     }
-                    let last_alloc = (e.action == Action::Alloc).then_some(i);
+                    let last_alloc = (e.action() == Action::Alloc).then_some(i);
                     open_forward = Some(ForwardPass {
                         span: Span { start: i, end: i + 1 },
                         call_site: info.forward_call,
@@ -166,7 +166,7 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
                     });
                 }
             }
-        } else if e.action == Action::Alloc {
+        } else if e.action() == Action::Alloc {
             if let Some(f) = open_forward.take() {
                 forwards.push(f);
             }
@@ -177,7 +177,7 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
                 Some(s) => s.end = i + 1,
                 None => open_opt = Some(Span { start: i, end: i + 1 }),
             }
-        } else if e.action == Action::Alloc {
+        } else if e.action() == Action::Alloc {
             if let Some(s) = open_opt.take() {
                 optimizer_steps.push(s);
             }
@@ -297,7 +297,7 @@ fn engine_windows(events: &[TraceEvent], stacks: &StackTable) -> Vec<Backward> {
     let mut framed_seen = false;
     for (i, e) in events.iter().enumerate() {
         let i = i as u32;
-        if !matches!(e.action, Action::Alloc | Action::FreeRequested | Action::FreeCompleted) {
+        if !matches!(e.action(), Action::Alloc | Action::FreeRequested | Action::FreeCompleted) {
             continue;
         }
         let info = stacks.get(e.stack);
@@ -311,8 +311,8 @@ fn engine_windows(events: &[TraceEvent], stacks: &StackTable) -> Vec<Backward> {
             continue;
         }
         match &mut open {
-            Some((_, frees)) => *frees |= e.action != Action::Alloc,
-            None if framed_seen && e.action == Action::Alloc => open = Some((i, false)),
+            Some((_, frees)) => *frees |= e.action() != Action::Alloc,
+            None if framed_seen && e.action() == Action::Alloc => open = Some((i, false)),
             None => {}
         }
     }
@@ -328,7 +328,7 @@ fn backward_frees_pass(events: &[TraceEvent], pass: Span, backward: Span) -> boo
     let mut live = std::collections::HashSet::new();
     for i in pass.start..backward.end.min(events.len() as u32) {
         let e = &events[i as usize];
-        match e.action {
+        match e.action() {
             Action::Alloc if pass.contains(i) => {
                 live.insert(e.addr);
             }

@@ -17,7 +17,7 @@ mod read;
 mod stats;
 mod untrusted;
 
-pub use stats::{DeviceTotals, PoolCounts, TraceFacts, TraceTally, ALL_ACTIONS};
+pub use stats::{DeviceTotals, PoolCounts, TraceFacts, TraceTally};
 pub use untrusted::{
     clip, escape_controls, is_display_unsafe, json_safe, printable, shown, CLIP_HEAD, MAX_SHOWN_CHARS,
 };

@@ -160,6 +160,22 @@ pub enum Action {
     Other,
 }
 
+/// Every action, in declaration order: an action's index here is its discriminant, which is how
+/// [`TraceEvent`] stores it.
+pub const ALL_ACTIONS: [Action; 11] = [
+    Action::Alloc,
+    Action::FreeRequested,
+    Action::FreeCompleted,
+    Action::SegmentAlloc,
+    Action::SegmentFree,
+    Action::SegmentMap,
+    Action::SegmentUnmap,
+    Action::Snapshot,
+    Action::Oom,
+    Action::Annotate,
+    Action::Other,
+];
+
 impl Action {
     pub fn name(self) -> &'static str {
         match self {
@@ -204,7 +220,34 @@ pub const MAX_SIZE: u64 = 1 << 48;
 /// Largest address accepted: whatever leaves room for a [`MAX_SIZE`] block above it.
 pub const MAX_ADDRESS: u64 = u64::MAX - MAX_SIZE;
 
-/// One trace entry. Compact (48 bytes) because real files hold millions.
+/// The stream and labels of a trace entry. Few distinct ones occur in a file (a stream or two
+/// times a phase label or two), so entries refer to them by [`ContextId`] in
+/// [`Snapshot::contexts`] instead of each carrying 16 bytes of them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct EventContext {
+    /// A raw `cudaStream_t` value; 0 for the default stream.
+    pub stream: u64,
+    /// `compile_context` (empty string id when "N/A" or absent).
+    pub compile_context: StrId,
+    /// `user_metadata` (empty string id when absent).
+    pub user_metadata: StrId,
+}
+
+/// Index of an [`EventContext`] in [`Snapshot::contexts`]; 0 is the default one (stream 0, no
+/// labels), which a snapshot need not list.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ContextId(pub u32);
+
+impl ContextId {
+    /// Most contexts a snapshot may hold: the id shares a `u32` with the action.
+    pub const LIMIT: u32 = 1 << (32 - ACTION_BITS);
+}
+
+/// Bits of [`TraceEvent`]'s tag that hold the action.
+const ACTION_BITS: u32 = 4;
+
+/// One trace entry. Compact (32 bytes) because real files hold millions: the action and the
+/// entry's [`ContextId`] share one `u32`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TraceEvent {
     /// Address of the block or segment. For `Oom` this holds `device_free` (bytes free on
@@ -213,37 +256,38 @@ pub struct TraceEvent {
     /// For `alloc`/`free_*`: the **requested** size, not the block size. For segment events:
     /// the exact segment (or mapping) size. For `oom`: the requested size.
     pub size: u64,
-    pub stream: u64,
     /// Microseconds since the Unix epoch, or [`NO_TIME`].
     pub time_us: i64,
     pub stack: StackId,
-    /// `compile_context` (empty string id when "N/A" or absent).
-    pub compile_context: StrId,
-    /// `user_metadata` (empty string id when absent).
-    pub user_metadata: StrId,
-    pub action: Action,
+    /// The action's index in [`ALL_ACTIONS`] (low [`ACTION_BITS`] bits) and the [`ContextId`].
+    tag: u32,
 }
 
 impl TraceEvent {
+    /// An entry of `action` at `addr` with no size, time, stack or context.
+    pub fn new(action: Action, addr: u64) -> TraceEvent {
+        TraceEvent { addr, size: 0, time_us: NO_TIME, stack: StackId::EMPTY, tag: action as u32 }
+    }
     /// The entry's action.
     pub fn action(&self) -> Action {
-        self.action
+        ALL_ACTIONS[(self.tag & ((1 << ACTION_BITS) - 1)) as usize]
+    }
+    pub fn set_action(&mut self, action: Action) {
+        self.tag = (self.tag & !((1 << ACTION_BITS) - 1)) | action as u32;
+    }
+    /// The entry's stream and labels, in [`Snapshot::contexts`].
+    pub fn context(&self) -> ContextId {
+        ContextId(self.tag >> ACTION_BITS)
+    }
+    /// Give the entry a context; `id` must be below [`ContextId::LIMIT`] (the reader refuses a
+    /// file with more).
+    pub fn set_context(&mut self, id: ContextId) {
+        assert!(id.0 < ContextId::LIMIT, "context id {} past {}", id.0, ContextId::LIMIT);
+        self.tag = (self.tag & ((1 << ACTION_BITS) - 1)) | id.0 << ACTION_BITS;
     }
     /// The entry's `size` (see the field).
     pub fn size(&self) -> u64 {
         self.size
-    }
-    /// The entry's `stream` (a raw `cudaStream_t` value; 0 for the default stream).
-    pub fn stream(&self) -> u64 {
-        self.stream
-    }
-    /// `user_metadata` ([`StrId::EMPTY`] when absent).
-    pub fn user_metadata(&self) -> StrId {
-        self.user_metadata
-    }
-    /// `compile_context` ([`StrId::EMPTY`] when "N/A" or absent).
-    pub fn compile_context(&self) -> StrId {
-        self.compile_context
     }
     pub fn device_free(&self) -> u64 {
         self.addr
@@ -386,6 +430,9 @@ pub struct Snapshot {
     pub strings: Vec<String>,
     pub frames: Vec<Frame>,
     pub stacks: Vec<Stack>,
+    /// The trace entries' streams and labels, by [`ContextId`]; index 0, when listed, is the
+    /// default context.
+    pub contexts: Vec<EventContext>,
     pub source: SourceInfo,
 }
 
@@ -398,6 +445,22 @@ impl Snapshot {
     }
     pub fn stack(&self, id: StackId) -> &Stack {
         &self.stacks[id.0 as usize]
+    }
+    /// A trace entry's stream and labels.
+    pub fn context(&self, e: &TraceEvent) -> EventContext {
+        self.contexts.get(e.context().0 as usize).copied().unwrap_or_default()
+    }
+    /// The id of `context`, added to [`Snapshot::contexts`] when new (a linear search: for
+    /// building small snapshots by hand; the reader keeps its own index).
+    pub fn intern_context(&mut self, context: EventContext) -> ContextId {
+        if self.contexts.is_empty() {
+            self.contexts.push(EventContext::default());
+        }
+        let at = self.contexts.iter().position(|c| *c == context).unwrap_or_else(|| {
+            self.contexts.push(context);
+            self.contexts.len() - 1
+        });
+        ContextId(at as u32)
     }
     /// Frames of a stack, innermost first.
     pub fn stack_frames(&self, id: StackId) -> impl Iterator<Item = &Frame> + '_ {
@@ -579,5 +642,44 @@ mod tests {
         assert_eq!(bytes_exact(1), "1 byte");
         assert_eq!(bytes_exact(512), "512 bytes");
         assert_eq!(bytes_exact(140526592), "134.02 MiB (140526592 bytes)");
+    }
+}
+
+#[cfg(test)]
+mod event_layout_tests {
+    use super::*;
+
+    #[test]
+    fn an_event_is_32_bytes() {
+        assert_eq!(std::mem::size_of::<TraceEvent>(), 32);
+    }
+
+    /// The tag stores an action as its discriminant, read back through `ALL_ACTIONS`.
+    #[test]
+    fn action_and_context_share_the_tag_without_mixing() {
+        for (i, &a) in ALL_ACTIONS.iter().enumerate() {
+            assert_eq!(a as usize, i, "{a:?}");
+            for id in [0, 1, 12345, ContextId::LIMIT - 1] {
+                let mut e = TraceEvent::new(Action::Other, 7);
+                e.set_context(ContextId(id));
+                e.set_action(a);
+                assert_eq!((e.action(), e.context()), (a, ContextId(id)));
+                e.set_context(ContextId(3));
+                assert_eq!((e.action(), e.context()), (a, ContextId(3)));
+            }
+        }
+    }
+
+    #[test]
+    fn a_snapshot_without_contexts_gives_the_default_one() {
+        let mut s = Snapshot::default();
+        let e = TraceEvent::new(Action::Alloc, 0);
+        assert_eq!(s.context(&e), EventContext::default());
+        let c = EventContext { stream: 9, compile_context: StrId(2), user_metadata: StrId(3) };
+        let id = s.intern_context(c);
+        assert_eq!(s.intern_context(c), id);
+        let mut e = e;
+        e.set_context(id);
+        assert_eq!(s.context(&e), c);
     }
 }

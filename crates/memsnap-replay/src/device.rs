@@ -45,13 +45,13 @@ pub(crate) fn replay_device(snapshot: &Snapshot, device: u32, final_indices: &[u
     let segment_events: Vec<u32> = (0..events.len() as u32)
         .filter(|&i| {
             matches!(
-                events[i as usize].action,
+                events[i as usize].action(),
                 Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap
             )
         })
         .collect();
-    let reserved = reserved_at_start(&finals, events, &segment_events, &mut log);
-    let (units, owner) = route(&snapshot.segments, final_indices, events, &segment_events, &reserved, &mut log);
+    let reserved = reserved_at_start(snapshot, &finals, events, &segment_events, &mut log);
+    let (units, owner) = route(snapshot, final_indices, events, &segment_events, &reserved, &mut log);
 
     let groups = balance(&units);
     let effects = Effects::new(events.len());
@@ -122,7 +122,7 @@ pub(crate) fn replay_device(snapshot: &Snapshot, device: u32, final_indices: &[u
 /// its `segment_alloc` (or the start) to its `segment_free` (or the dump), found by address at
 /// the moment of each event.
 fn route(
-    segments: &[Segment],
+    snapshot: &Snapshot,
     final_indices: &[usize],
     events: &[TraceEvent],
     segment_events: &[u32],
@@ -136,8 +136,8 @@ fn route(
         segment_events
             .iter()
             .map(|&i| &events[i as usize])
-            .filter(|e| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap))
-            .map(|e| (e.addr, e.addr.saturating_add(e.size), Meta::of_event(e))),
+            .filter(|e| matches!(e.action(), Action::SegmentMap | Action::SegmentUnmap))
+            .map(|e| (e.addr, e.addr.saturating_add(e.size), Meta::of_event(snapshot, e))),
     );
     spans.sort_unstable_by_key(|s| (s.0, s.1));
     for (start, end, meta) in spans {
@@ -164,7 +164,7 @@ fn route(
     live.sort_unstable();
     let mut owner = vec![NO_UNIT; events.len()];
     for (i, e) in events.iter().enumerate() {
-        match e.action {
+        match e.action() {
             Action::Alloc
             | Action::FreeRequested
             | Action::FreeCompleted
@@ -183,7 +183,7 @@ fn route(
                 }
                 owner[i] = units.len() as u32;
                 live.insert(at, (e.addr, end, units.len() as u32));
-                units.push(new_unit(e.addr, end, false, Meta::of_event(e)));
+                units.push(new_unit(e.addr, end, false, Meta::of_event(snapshot, e)));
             }
             Action::SegmentFree => match find(&live, e.addr) {
                 Some(k) if live[k].0 == e.addr && !units[live[k].2 as usize].expandable => {
@@ -199,7 +199,7 @@ fn route(
     // Dump-time segments belong to the units reserved at the end; their records are the best
     // description of the unit (pool id, segment type).
     for &k in final_indices {
-        let s = &segments[k];
+        let s = &snapshot.segments[k];
         if let Some(at) = find(&live, s.address) {
             let u = &mut units[live[at].2 as usize];
             if u.expandable == s.is_expandable && (u.expandable || u.start == s.address) {
@@ -258,7 +258,7 @@ fn lifetimes(owner: &[u32], by_unit: &[&Outcome]) -> Vec<BlockLifetime> {
             continue;
         }
         let k = &mut next[u as usize];
-        if let Some(b) = by_unit[u as usize].blocks.get(*k).filter(|b| b.alloc_event == Some(i as u32)) {
+        if let Some(b) = by_unit[u as usize].blocks.get(*k).filter(|b| b.alloc_event() == Some(i as u32)) {
             blocks.push(*b);
             *k += 1;
         }

@@ -99,27 +99,97 @@ pub struct Peaks {
 
 /// One block, from its allocation to its free. Blocks that existed before the trace began have
 /// no `alloc_event`; blocks alive at dump have no `free_completed_event`.
+///
+/// 40 bytes: a 1 GB trace has four million of them, and the replay holds them twice while it
+/// merges the units' lists. The three event indices are stored as `u32` with reserved values
+/// for "none" and for "freed before the trace began", which the reader's `u32` record ids never
+/// reach (a trace of four billion entries would be a pickle of over 100 GB).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BlockLifetime {
     pub address: u64,
     /// Block size: the rounded request, or the whole cached block when it was not split.
     pub size: u64,
     pub requested_size: u64,
-    pub alloc_event: Option<u32>,
-    pub free_requested_event: Option<u32>,
-    pub free_completed_event: Option<u32>,
-    /// The program freed the block before the trace began; it was still pending (used by
-    /// another stream) at the start.
-    pub pending_at_start: bool,
     /// Allocation stack; empty for blocks allocated before the trace unless still alive at dump.
     pub stack: StackId,
+    alloc_event: u32,
+    free_requested_event: u32,
+    free_completed_event: u32,
+}
+
+/// A stored event index that names no event.
+const NO_EVENT: u32 = u32::MAX;
+/// The stored free request of a block the program freed before the trace began.
+const FREED_BEFORE_TRACE: u32 = u32::MAX - 1;
+
+fn event_of(stored: u32) -> Option<u32> {
+    (stored < FREED_BEFORE_TRACE).then_some(stored)
 }
 
 impl BlockLifetime {
+    /// A block that existed when the trace began; `pending`: the program had freed it already,
+    /// and it was still in use by another stream.
+    pub fn before_trace(address: u64, size: u64, requested_size: u64, stack: StackId, pending: bool) -> BlockLifetime {
+        BlockLifetime {
+            address,
+            size,
+            requested_size,
+            stack,
+            alloc_event: NO_EVENT,
+            free_requested_event: if pending { FREED_BEFORE_TRACE } else { NO_EVENT },
+            free_completed_event: NO_EVENT,
+        }
+    }
+
+    /// A block allocated by event `event`.
+    pub fn allocated_at(event: u32, address: u64, size: u64, requested_size: u64, stack: StackId) -> BlockLifetime {
+        assert!(event < FREED_BEFORE_TRACE, "event index {event} is past what a block lifetime stores");
+        BlockLifetime {
+            address,
+            size,
+            requested_size,
+            stack,
+            alloc_event: event,
+            free_requested_event: NO_EVENT,
+            free_completed_event: NO_EVENT,
+        }
+    }
+
+    pub fn set_free_requested(&mut self, event: u32) {
+        assert!(event < FREED_BEFORE_TRACE, "event index {event} is past what a block lifetime stores");
+        self.free_requested_event = event;
+    }
+
+    pub fn set_free_completed(&mut self, event: u32) {
+        assert!(event < FREED_BEFORE_TRACE, "event index {event} is past what a block lifetime stores");
+        self.free_completed_event = event;
+    }
+
+    /// The `alloc` event (`None`: the block existed before the trace began).
+    pub fn alloc_event(&self) -> Option<u32> {
+        event_of(self.alloc_event)
+    }
+
+    /// The `free_requested` event (`None`: not requested in the trace).
+    pub fn free_requested_event(&self) -> Option<u32> {
+        event_of(self.free_requested_event)
+    }
+
+    /// The `free_completed` event (`None`: not completed in the trace).
+    pub fn free_completed_event(&self) -> Option<u32> {
+        event_of(self.free_completed_event)
+    }
+
+    /// The program freed the block before the trace began; it was still pending (used by
+    /// another stream) at the start.
+    pub fn pending_at_start(&self) -> bool {
+        self.free_requested_event == FREED_BEFORE_TRACE
+    }
+
     /// The event that ended the block's allocated life: its free request, or its completed free
     /// when the trace recorded only that (`None`: still allocated at the end of the trace).
     pub fn freed_at(&self) -> Option<u32> {
-        self.free_requested_event.or(self.free_completed_event)
+        self.free_requested_event().or(self.free_completed_event())
     }
 
     /// The block's state after event `index` (`None`: before the first event), or `None` when
@@ -130,14 +200,14 @@ impl BlockLifetime {
             (Some(_), None) => false,
             (Some(e), Some(i)) => e <= i,
         };
-        let born = match (self.alloc_event, index) {
+        let born = match (self.alloc_event(), index) {
             (None, _) => true,
             (Some(_), None) => false,
             (Some(a), Some(i)) => a <= i,
         };
-        if !born || reached(self.free_completed_event) {
+        if !born || reached(self.free_completed_event()) {
             None
-        } else if self.pending_at_start || reached(self.free_requested_event) {
+        } else if self.pending_at_start() || reached(self.free_requested_event()) {
             Some(BlockState::PendingFree)
         } else {
             Some(BlockState::Allocated)
@@ -344,5 +414,32 @@ pub struct Replay {
 impl Replay {
     pub fn device(&self, device: u32) -> Option<&DeviceReplay> {
         memsnap_model::find_device(&self.devices, device, |d| d.device)
+    }
+}
+
+#[cfg(test)]
+mod block_lifetime_tests {
+    use super::*;
+
+    #[test]
+    fn a_block_lifetime_is_40_bytes() {
+        assert_eq!(std::mem::size_of::<BlockLifetime>(), 40);
+    }
+
+    #[test]
+    fn events_and_the_pending_flag_read_back() {
+        let b = BlockLifetime::before_trace(0x100, 512, 500, StackId::EMPTY, true);
+        assert_eq!((b.alloc_event(), b.free_requested_event(), b.free_completed_event()), (None, None, None));
+        assert!(b.pending_at_start());
+        assert_eq!(b.state_after(None), Some(BlockState::PendingFree));
+        let mut b = BlockLifetime::allocated_at(4, 0x100, 512, 500, StackId::EMPTY);
+        assert!(!b.pending_at_start());
+        b.set_free_requested(6);
+        b.set_free_completed(9);
+        assert_eq!((b.alloc_event(), b.freed_at(), b.free_completed_event()), (Some(4), Some(6), Some(9)));
+        assert_eq!(b.state_after(Some(3)), None);
+        assert_eq!(b.state_after(Some(5)), Some(BlockState::Allocated));
+        assert_eq!(b.state_after(Some(7)), Some(BlockState::PendingFree));
+        assert_eq!(b.state_after(Some(9)), None);
     }
 }

@@ -46,7 +46,7 @@ impl Rules {
                     .traces
                     .iter()
                     .flat_map(|t| &t.events)
-                    .any(|e| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap))
+                    .any(|e| matches!(e.action(), Action::SegmentMap | Action::SegmentUnmap))
         });
         Rules::new(settings.max_split_size, expandable_segments, &settings.roundup_power2_divisions)
     }

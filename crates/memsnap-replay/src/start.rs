@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use memsnap_model::{Action, BlockState, Segment, SegmentType, StackId, TraceEvent};
+use memsnap_model::{Action, BlockState, Segment, SegmentType, Snapshot, StackId, TraceEvent};
 
 use crate::layout::AddrMap;
 use crate::output::{DiagnosticKind, Log, UncertainBlock};
@@ -26,9 +26,9 @@ impl Meta {
 
     /// What a segment event tells: the stream, and the pool from the size (small-pool
     /// segments are 2 MiB, and no large-pool segment is).
-    pub fn of_event(e: &TraceEvent) -> Meta {
+    pub fn of_event(snapshot: &Snapshot, e: &TraceEvent) -> Meta {
         let segment_type = if e.size == 2 << 20 { SegmentType::Small } else { SegmentType::Large };
-        Meta { stream: e.stream, pool_id: (0, 0), segment_type }
+        Meta { stream: snapshot.context(e).stream, pool_id: (0, 0), segment_type }
     }
 }
 
@@ -45,6 +45,7 @@ pub(crate) struct Reserved {
 /// `segment_map`, re-create what `segment_free` and `segment_unmap` released. Contiguous mapped
 /// memory of expandable segments is kept as one range.
 pub(crate) fn reserved_at_start(
+    snapshot: &Snapshot,
     finals: &[&Segment],
     events: &[TraceEvent],
     segment_events: &[u32],
@@ -64,7 +65,7 @@ pub(crate) fn reserved_at_start(
     for &i in segment_events.iter().rev() {
         let e = &events[i as usize];
         let (start, end) = (e.addr, e.addr.saturating_add(e.size));
-        match e.action {
+        match e.action() {
             Action::SegmentAlloc => match ranges.get(&start) {
                 Some(r) if !r.expandable && r.end == end => {
                     ranges.remove(&start);
@@ -75,7 +76,7 @@ pub(crate) fn reserved_at_start(
                 if overlapping(&ranges, start, end) {
                     clash(i, start);
                 } else {
-                    ranges.insert(start, Reserved { start, end, expandable: false, meta: Meta::of_event(e) });
+                    ranges.insert(start, Reserved { start, end, expandable: false, meta: Meta::of_event(snapshot, e) });
                 }
             }
             Action::SegmentMap => {
@@ -98,7 +99,7 @@ pub(crate) fn reserved_at_start(
                     clash(i, start);
                     continue;
                 }
-                let mut merged = Reserved { start, end, expandable: true, meta: Meta::of_event(e) };
+                let mut merged = Reserved { start, end, expandable: true, meta: Meta::of_event(snapshot, e) };
                 if let Some(before) = ranges.range(..start).next_back().map(|(_, r)| *r) {
                     if before.expandable && before.end == start {
                         ranges.remove(&before.start);
@@ -182,7 +183,7 @@ impl StartWalk {
 
     /// Undo event `i`; call for the unit's events from the last to the first.
     pub fn undo(&mut self, i: u32, e: &TraceEvent) {
-        let known = match e.action {
+        let known = match e.action() {
             Action::Alloc => self.active.remove(&e.addr).is_some(),
             Action::FreeCompleted => {
                 let found =

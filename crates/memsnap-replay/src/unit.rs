@@ -136,7 +136,7 @@ pub(crate) fn replay_group(
         .collect();
     if bounds.iter().flatten().any(|b| !b.is_exact()) {
         for (i, e) in events.iter().enumerate() {
-            if e.action == Action::Alloc {
+            if e.action() == Action::Alloc {
                 if let Some(b) = mine(i).and_then(|k| bounds[k].as_mut()) {
                     b.narrow(i as u32, e);
                 }
@@ -194,16 +194,7 @@ impl<'a> Replayer<'a> {
                 }
                 let state = if b.pending { State::Pending } else { State::Allocated };
                 self.layout.push(b.address, b.size, state, self.blocks.len() as u32);
-                self.blocks.push(BlockLifetime {
-                    address: b.address,
-                    size: b.size,
-                    requested_size: b.requested_size,
-                    alloc_event: None,
-                    free_requested_event: None,
-                    free_completed_event: None,
-                    pending_at_start: b.pending,
-                    stack: b.stack,
-                });
+                self.blocks.push(BlockLifetime::before_trace(b.address, b.size, b.requested_size, b.stack, b.pending));
                 if !b.pending {
                     self.start.allocated = self.start.allocated.saturating_add(b.size);
                 }
@@ -230,7 +221,7 @@ impl<'a> Replayer<'a> {
         }
         self.segments.sort_by_key(|s| (s.address, s.created_event.map_or(0, |c| u64::from(c) + 1)));
         Outcome {
-            start_blocks: self.blocks.iter().take_while(|b| b.alloc_event.is_none()).count(),
+            start_blocks: self.blocks.iter().take_while(|b| b.alloc_event().is_none()).count(),
             blocks: self.blocks,
             segments: self.segments,
             start: self.start,
@@ -259,13 +250,13 @@ impl<'a> Replayer<'a> {
     }
 
     fn apply(&mut self, i: u32, e: &TraceEvent) -> Effect {
-        match e.action {
+        match e.action() {
             Action::Alloc => self.alloc(i, e),
             Action::FreeRequested => match self.layout.get(e.addr) {
                 Some(n) if n.state == State::Allocated => {
                     let (size, lifetime) = (n.size, n.lifetime);
                     self.layout.set_state(e.addr, State::Pending);
-                    self.blocks[lifetime as usize].free_requested_event = Some(i);
+                    self.blocks[lifetime as usize].set_free_requested(i);
                     Effect::new(size, Effect::ALLOCATED, 0)
                 }
                 _ => {
@@ -282,7 +273,7 @@ impl<'a> Replayer<'a> {
                     let (size, lifetime) = (n.size, n.lifetime);
                     self.layout.release(e.addr);
                     let block = &mut self.blocks[lifetime as usize];
-                    block.free_completed_event = Some(i);
+                    block.set_free_completed(i);
                     Effect::new(size, flags, block.requested_size)
                 }
                 _ => {
@@ -340,16 +331,7 @@ impl<'a> Replayer<'a> {
             }
         }
         let Some(size) = size else { return Effect::NONE };
-        self.blocks.push(BlockLifetime {
-            address: e.addr,
-            size,
-            requested_size: e.size,
-            alloc_event: Some(i),
-            free_requested_event: None,
-            free_completed_event: None,
-            pending_at_start: false,
-            stack: e.stack,
-        });
+        self.blocks.push(BlockLifetime::allocated_at(i, e.addr, size, e.size, e.stack));
         Effect::new(size, Effect::ALLOCATED | Effect::ACTIVE | Effect::GROWS, e.size)
     }
 

@@ -303,7 +303,7 @@ fn device_report(
     let mut moments: Vec<(Option<usize>, String)> = vec![(d.peaks.allocated.event_index, "peak".into())];
     if let Some(i) = events
         .iter()
-        .rposition(|e| e.action == Action::Oom)
+        .rposition(|e| e.action() == Action::Oom)
         .filter(|_| da.suspects.iter().any(|s| s.kind == SuspectKind::Oom))
     {
         moments.push((Some(i), format!("out-of-memory error (event {})", fmt_count(i as u64))));

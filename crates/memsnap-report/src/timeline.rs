@@ -204,13 +204,13 @@ pub fn sample(
             .fold(
                 || vec![0i64; k * (buckets + 1)],
                 |mut acc, b| {
-                    if b.pending_at_start {
+                    if b.pending_at_start() {
                         return acc;
                     }
                     let (attr, _) = attribute(events, phases, stacks, b);
                     let Some(j) = top.iter().position(|t| t.0 == attr) else { return acc };
-                    let start = b.alloc_event.unwrap_or(0) as usize;
-                    let end = match (b.free_requested_event, b.free_completed_event) {
+                    let start = b.alloc_event().unwrap_or(0) as usize;
+                    let end = match (b.free_requested_event(), b.free_completed_event()) {
                         (Some(a), Some(c)) => a.min(c) as usize,
                         (Some(a), None) | (None, Some(a)) => a as usize,
                         (None, None) => n,
@@ -323,7 +323,7 @@ pub fn sample(
 
     let mut ooms = Vec::new();
     let mut ooms_total = 0;
-    for (i, e) in events[..n].iter().enumerate().filter(|(_, e)| e.action == Action::Oom) {
+    for (i, e) in events[..n].iter().enumerate().filter(|(_, e)| e.action() == Action::Oom) {
         ooms_total += 1;
         if ooms.len() < MAX_OOMS {
             ooms.push((

@@ -127,7 +127,7 @@ pub fn measure(cx: &Context, blocks: &[usize], boundaries: &[u32]) -> Measured {
     for &bi in blocks {
         let b = &d.blocks[bi];
         let size = b.size as i64;
-        match b.alloc_event {
+        match b.alloc_event() {
             Some(a) => deltas.push((a, size)),
             None => live0 += size,
         }
@@ -248,7 +248,7 @@ impl Context<'_> {
 
     /// The stack an event was recorded with.
     pub fn event_stack(&self, b: &BlockLifetime) -> StackId {
-        b.alloc_event.and_then(|a| self.events.get(a as usize)).map_or(b.stack, |e| e.stack)
+        b.alloc_event().and_then(|a| self.events.get(a as usize)).map_or(b.stack, |e| e.stack)
     }
 
     pub fn attr(&self, b: &BlockLifetime) -> Attr {
@@ -257,7 +257,7 @@ impl Context<'_> {
 
     /// The iteration a block was allocated in.
     pub fn iteration_of(&self, b: &BlockLifetime) -> Option<usize> {
-        b.alloc_event.and_then(|a| self.phases.iteration_of(a))
+        b.alloc_event().and_then(|a| self.phases.iteration_of(a))
     }
 
     /// Iteration starts (the last iteration runs to the end of the trace, which `measure`
@@ -290,7 +290,7 @@ impl Context<'_> {
     fn group_kept_backward(&self) -> Vec<BackwardGroup> {
         let mut groups: Vec<BackwardGroup> = Vec::new();
         for (bi, b) in self.replay.blocks.iter().enumerate() {
-            if b.alloc_event.is_none() || b.freed_at().is_some() {
+            if b.alloc_event().is_none() || b.freed_at().is_some() {
                 continue;
             }
             let Attr::Backward(line) = self.attr(b) else { continue };
@@ -363,7 +363,7 @@ pub fn parameter_sizes(stacks: &StackTable, phases: &Phases, d: &DeviceReplay, e
     d.blocks
         .iter()
         .filter(|b| b.freed_at().is_none())
-        .filter(|b| match b.alloc_event {
+        .filter(|b| match b.alloc_event() {
             None => true,
             Some(a) => {
                 let info = stacks.get(events[a as usize].stack);

@@ -32,7 +32,7 @@ impl Detector for Oom {
     fn detect(&self, cx: &Context) -> Vec<Finding> {
         let events = cx.events;
         let ooms: Vec<usize> =
-            events.iter().enumerate().filter(|(_, e)| e.action == Action::Oom).map(|(i, _)| i).collect();
+            events.iter().enumerate().filter(|(_, e)| e.action() == Action::Oom).map(|(i, _)| i).collect();
         let Some(&last) = ooms.last() else { return Vec::new() };
         let i = ooms.iter().rev().copied().find(|&k| cx.stacks.get(events[k].stack).site.is_some()).unwrap_or(last);
         let e = &events[i];

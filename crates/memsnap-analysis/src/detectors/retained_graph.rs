@@ -74,14 +74,14 @@ impl Detector for RetainedGraph {
                 // past the pass (a running `total = total + loss`), not one a library saved
                 // inside a loss function. The first one is where the keeping starts.
                 let info = cx.stacks.get(cx.event_stack(b));
-                let after_pass = b.alloc_event.is_some_and(|a| a >= unit.pass_span.end);
+                let after_pass = b.alloc_event().is_some_and(|a| a >= unit.pass_span.end);
                 if after_pass
                     && ub.fate != BlockFate::Temporary
                     && b.size <= th.scalar_root_bytes
                     && info.site.is_some()
                     && info.site == info.innermost_python
                 {
-                    g.roots.push((b.alloc_event.unwrap_or(0), ub.block));
+                    g.roots.push((b.alloc_event().unwrap_or(0), ub.block));
                 }
                 if !matches!(ub.fate, BlockFate::Kept | BlockFate::ReleasedLater(_)) {
                     continue;

@@ -90,7 +90,7 @@ fn through_evaluation(cx: &Context, leak_lines: &[Option<FrameId>]) -> Option<Fi
         let mut blocks = Vec::new();
         let mut lines: BTreeMap<Option<FrameId>, u64> = BTreeMap::new();
         for (bi, b) in d.blocks.iter().enumerate() {
-            let Some(a) = b.alloc_event else { continue };
+            let Some(a) = b.alloc_event() else { continue };
             if a >= w.start || b.state_after(t) != Some(BlockState::Allocated) || !cx.param_sizes.contains(&b.size) {
                 continue;
             }
@@ -120,7 +120,7 @@ fn through_evaluation(cx: &Context, leak_lines: &[Option<FrameId>]) -> Option<Fi
     // `context="all"` frees carry the stack of the code that freed). That line is the fix.
     let mut freers: BTreeMap<FrameId, (u32, memsnap_model::StackId)> = BTreeMap::new();
     for &bi in &blocks {
-        let Some(f) = d.blocks[bi].free_requested_event else { continue };
+        let Some(f) = d.blocks[bi].free_requested_event() else { continue };
         let stack = cx.events[f as usize].stack;
         if let Some(site) = cx.stacks.get(stack).site {
             let e = freers.entry(site).or_insert((0, stack));

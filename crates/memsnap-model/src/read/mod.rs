@@ -18,7 +18,10 @@ use memsnap_pickle::{
 
 use crate::types::*;
 
+mod contexts;
 mod parallel;
+
+use contexts::Contexts;
 
 /// Why a file could not be read as a snapshot.
 #[derive(Debug, thiserror::Error)]
@@ -248,6 +251,8 @@ struct Builder {
     tuple_stack_cache: HashMap<u32, StackId>,
     /// heap dict index → frame id. Frame dicts are never compacted, so indexes are stable.
     frame_cache: HashMap<u32, FrameId>,
+    /// The events' streams and labels ([`Snapshot::contexts`]) and their index.
+    contexts: Contexts,
     events: Vec<TraceEvent>,
     unknown_keys: BTreeMap<String, u64>,
     unknown_actions: BTreeMap<String, u64>,
@@ -555,16 +560,8 @@ impl Builder {
     /// Convert one trace-entry dict. Unknown keys are returned for counting on success.
     fn event(&mut self, heap: &Heap<'_>, d: u32, unknown: &mut Vec<u32>) -> Result<TraceEvent, FieldError> {
         let empty = StrId::EMPTY;
-        let mut ev = TraceEvent {
-            addr: 0,
-            size: 0,
-            stream: 0,
-            time_us: NO_TIME,
-            stack: StackId::EMPTY,
-            compile_context: empty,
-            user_metadata: empty,
-            action: Action::Other,
-        };
+        let mut ev = TraceEvent::new(Action::Other, 0);
+        let mut context = EventContext::default();
         let mut action_seen = false;
         let mut device_free = None;
         for &(k, v) in heap.dict(d) {
@@ -573,15 +570,15 @@ impl Builder {
                     let Value::Str(s) = v else {
                         return Err(FieldError::new("action", "str", &describe(heap, v)));
                     };
-                    ev.action = self.action(heap, s);
-                    if ev.action == Action::Other {
+                    ev.set_action(self.action(heap, s));
+                    if ev.action() == Action::Other {
                         *self.unknown_actions.entry(heap.str(s).to_string()).or_default() += 1;
                     }
                     action_seen = true;
                 }
                 Key::Addr => ev.addr = as_address(heap, v, "addr")?,
                 Key::Size => ev.size = as_size(heap, v, "size")?,
-                Key::Stream => ev.stream = as_stream(heap, v, "stream")?,
+                Key::Stream => context.stream = as_stream(heap, v, "stream")?,
                 Key::TimeUs => ev.time_us = if v == Value::None { NO_TIME } else { as_time(heap, v, "time_us")? },
                 Key::Frames => {
                     ev.stack = self.stack(heap, v)?;
@@ -591,9 +588,9 @@ impl Builder {
                 }
                 Key::CompileContext => {
                     let s = self.text(heap, v, "compile_context")?;
-                    ev.compile_context = if Some(s) == self.na_id { empty } else { s };
+                    context.compile_context = if Some(s) == self.na_id { empty } else { s };
                 }
-                Key::UserMetadata => ev.user_metadata = self.text(heap, v, "user_metadata")?,
+                Key::UserMetadata => context.user_metadata = self.text(heap, v, "user_metadata")?,
                 Key::DeviceFree => device_free = Some(as_u64(heap, v, "device_free")?),
                 Key::Unneeded => {}
                 _ => {
@@ -606,11 +603,18 @@ impl Builder {
         if !action_seen {
             return Err(FieldError::new("action", "str", "nothing (key missing)"));
         }
-        if ev.action == Action::Oom {
+        if ev.action() == Action::Oom {
             if let Some(f) = device_free {
                 ev.addr = f;
             }
         }
+        ev.set_context(self.contexts.intern(context).ok_or_else(|| {
+            FieldError::new(
+                "stream",
+                Contexts::LIMIT_TEXT,
+                "one more distinct stream, compile_context and user_metadata",
+            )
+        })?);
         Ok(ev)
     }
 
@@ -679,8 +683,17 @@ impl Builder {
         // action dicts under an unknown key) are simply dropped with the builder.
         snap.source.parallel_windows = self.windows_scanned;
         let Builder {
-            strings, frames, stacks, unknown_keys, unknown_actions, has_cpp_frames, events_with_frames, ..
+            strings,
+            frames,
+            stacks,
+            contexts,
+            unknown_keys,
+            unknown_actions,
+            has_cpp_frames,
+            events_with_frames,
+            ..
         } = self;
+        snap.contexts = contexts.into_table();
         snap.strings = strings;
         snap.frames = frames;
         snap.stacks = stacks;
@@ -729,6 +742,7 @@ impl Compactor for Builder {
             + self.tallies.values().map(|t| t.retained_bytes()).sum::<u64>()
             + self.frames.len() as u64 * per_frame
             + self.interned_bytes
+            + self.contexts.retained_bytes()
             + (self.stack_cache.len() + self.tuple_stack_cache.len() + self.frame_cache.len()) as u64 * 8
     }
 }

@@ -57,7 +57,7 @@ fn real_snapshot_is_read_completely() {
     let ev = &s.traces[0].events;
     assert_eq!(ev.len(), 61);
     assert!(ev.iter().all(|e| e.has_time()));
-    assert_eq!(ev[0].action, Action::SegmentAlloc);
+    assert_eq!(ev[0].action(), Action::SegmentAlloc);
     assert_eq!(ev[0].size, 2_097_152);
     let frames = frames_text(&s, ev[0].stack);
     assert_eq!(frames.len(), 7);
@@ -168,7 +168,7 @@ fn unknown_key_and_action_are_counted() {
     assert_eq!(s.source.unknown_keys.get("memsnap_test_extension"), Some(&1));
     assert_eq!(s.source.unknown_actions.get("teleport"), Some(&1));
     let last = s.traces[0].events.last().unwrap();
-    assert_eq!((last.action, last.size), (Action::Other, 512));
+    assert_eq!((last.action(), last.size), (Action::Other, 512));
     assert_eq!(s.traces[0].events.len(), 62);
 }
 
@@ -449,7 +449,7 @@ fn shared_event_dicts_are_read_as_events() {
     let ev = &s.traces[0].events;
     assert_eq!(ev.len(), 2);
     assert_eq!(ev[0], ev[1]);
-    assert_eq!((ev[0].action, ev[0].addr), (Action::Other, 7));
+    assert_eq!((ev[0].action(), ev[0].addr), (Action::Other, 7));
     assert_eq!(s.source.unknown_actions.get("free"), Some(&2));
 }
 
@@ -592,8 +592,8 @@ fn newest_keys_and_actions_are_known() {
     assert!(s.source.unknown_keys.is_empty(), "{:?}", s.source.unknown_keys);
     assert!(s.source.unknown_actions.is_empty(), "{:?}", s.source.unknown_actions);
     let last = s.traces[0].events.last().unwrap();
-    assert_eq!(last.action, Action::Annotate);
-    assert_eq!(s.str(last.user_metadata), "kv-cache");
+    assert_eq!(last.action(), Action::Annotate);
+    assert_eq!(s.str(s.context(last).user_metadata), "kv-cache");
 }
 
 /// `trace_alloc_overflowed` / `trace_alloc_max_entries` (proposed in PyTorch PR #179276) say

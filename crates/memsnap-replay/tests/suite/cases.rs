@@ -2,7 +2,7 @@
 //! start reconstruction are checked against values worked out by hand.
 
 use memsnap_model::{
-    Action, AllocatorSettings, Block, BlockState, DeviceTrace, Segment, SegmentType, Snapshot, Stack, StackId, StrId,
+    Action, AllocatorSettings, Block, BlockState, DeviceTrace, Segment, SegmentType, Snapshot, Stack, StackId,
     TraceEvent,
 };
 use memsnap_replay::{replay, DeviceReplay, DiagnosticKind};
@@ -11,16 +11,10 @@ const MIB: u64 = 1 << 20;
 const BASE: u64 = 0x7f00_0000_0000;
 
 fn ev(action: Action, addr: u64, size: u64) -> TraceEvent {
-    TraceEvent {
-        addr,
-        size,
-        stream: 0,
-        time_us: 0,
-        stack: StackId::EMPTY,
-        compile_context: StrId(0),
-        user_metadata: StrId(0),
-        action,
-    }
+    let mut e = TraceEvent::new(action, addr);
+    e.size = size;
+    e.time_us = 0;
+    e
 }
 
 fn block(address: u64, size: u64, state: BlockState) -> Block {

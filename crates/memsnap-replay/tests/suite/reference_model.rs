@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use common::{map_layout, snapshot_layout};
 use memsnap_model::{
-    Action, AllocatorSettings, Block, BlockState, DeviceTrace, Segment, SegmentType, Snapshot, Stack, StackId, StrId,
+    Action, AllocatorSettings, Block, BlockState, DeviceTrace, Segment, SegmentType, Snapshot, Stack, StackId,
     TraceEvent,
 };
 use memsnap_replay::{replay, Replay, Totals};
@@ -55,16 +55,10 @@ struct Model {
 }
 
 fn event(action: Action, addr: u64, size: u64, index: usize) -> TraceEvent {
-    TraceEvent {
-        addr,
-        size,
-        stream: 0,
-        time_us: index as i64,
-        stack: StackId::EMPTY,
-        compile_context: StrId(0),
-        user_metadata: StrId(0),
-        action,
-    }
+    let mut e = TraceEvent::new(action, addr);
+    e.size = size;
+    e.time_us = index as i64;
+    e
 }
 
 impl Model {

@@ -113,7 +113,7 @@ pub fn select(d: &DeviceReplay, first: &[usize], windows: &[(usize, usize)], bud
             .into_par_iter()
             .filter(|&i| {
                 let b = &d.blocks[i];
-                in_window(b.alloc_event) || in_window(b.free_requested_event) || in_window(b.free_completed_event)
+                in_window(b.alloc_event()) || in_window(b.free_requested_event()) || in_window(b.free_completed_event())
             })
             .collect(),
     ];
@@ -156,12 +156,12 @@ pub fn segment_of(segments: &[&SegmentLifetime], b: &BlockLifetime) -> Option<us
     let k = segments.partition_point(|s| s.address <= b.address);
     // Segments starting at or below the address, nearest first; a few lifetimes may share an
     // address (released and reserved again), and a long segment may start well below.
-    let born = |s: &SegmentLifetime| match (s.created_event, b.alloc_event) {
+    let born = |s: &SegmentLifetime| match (s.created_event, b.alloc_event()) {
         (None, _) => true,
         (Some(_), None) => false,
         (Some(c), Some(a)) => c <= a,
     };
-    let alive = |s: &SegmentLifetime| match (s.released_event, b.alloc_event) {
+    let alive = |s: &SegmentLifetime| match (s.released_event, b.alloc_event()) {
         (None, _) => true,
         (Some(_), None) => true,
         (Some(r), Some(a)) => r > a,

@@ -312,7 +312,7 @@ fn device(
         detail::choose(d, events, &phases.boundaries, n, WINDOW_EVENTS, budgets.raw, &budgets.focus)
     };
     let windows: Vec<detail::Window> =
-        chosen.par_iter().map(|&w| detail::window(&d.series, events, n, w, WINDOW_EVENTS, t0)).collect();
+        chosen.par_iter().map(|&w| detail::window(snap, &d.series, events, n, w, WINDOW_EVENTS, t0)).collect();
     let ranges: Vec<(usize, usize)> = windows.iter().map(|w| (w.first, w.first + w.actions.len())).collect();
     // With every event embedded, finer levels would repeat the windows: the script draws any view
     // narrower than the coarsest level's buckets from the events themselves.
@@ -326,7 +326,7 @@ fn device(
         suspects.iter().map(|s| blocks::suspect_blocks(snap, stacks, &phases, events, d, s.suspect)).collect();
     let first: Vec<usize> = matched.iter().flatten().copied().collect::<BTreeSet<usize>>().into_iter().collect();
     let mut kept = blocks::select(d, &first, &ranges, budgets.blocks);
-    kept.sort_by_key(|&i| (d.blocks[i].alloc_event.map_or(-1, |a| a as i64), i));
+    kept.sort_by_key(|&i| (d.blocks[i].alloc_event().map_or(-1, |a| a as i64), i));
     let mut embedded = vec![u32::MAX; d.blocks.len()];
     for (j, &i) in kept.iter().enumerate() {
         embedded[i] = j as u32;
@@ -374,16 +374,16 @@ fn device(
     for (j, &i) in kept.iter().enumerate() {
         let b = &d.blocks[i];
         let (attr, stack, cat, seg) = per[j];
-        let a = b.alloc_event.map_or(-1, |a| a as i64);
+        let a = b.alloc_event().map_or(-1, |a| a as i64);
         cols.seg.push(seg.map_or(-1, |s| s as i64));
         cols.off.push(seg.map_or(0, |s| b.address - seg_refs[s].address));
         cols.size.push(b.size);
         cols.pad.push(b.size.saturating_sub(b.requested_size));
         cols.a.push(a - prev_a);
         prev_a = a;
-        cols.f.push(b.free_requested_event.map(|e| e as i64 - a));
-        cols.c.push(b.free_completed_event.map(|e| e as i64 - a));
-        if b.pending_at_start {
+        cols.f.push(b.free_requested_event().map(|e| e as i64 - a));
+        cols.c.push(b.free_completed_event().map(|e| e as i64 - a));
+        if b.pending_at_start() {
             cols.pending.push(j as u32);
         }
         cols.stack.push(stack.0 as i64);

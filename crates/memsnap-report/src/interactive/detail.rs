@@ -9,7 +9,7 @@
 //! of the first out-of-memory errors, of the first and the last iteration, then the busiest
 //! windows (the widest swing of allocated bytes inside the window; ties to the earlier).
 
-use memsnap_model::{Action, TraceEvent};
+use memsnap_model::{Action, Snapshot, TraceEvent};
 use memsnap_replay::{DeviceReplay, Series};
 use rayon::prelude::*;
 
@@ -153,7 +153,15 @@ fn iteration_window(iteration_starts: &[u32], k: usize, n: usize) -> (usize, usi
 }
 
 /// The events of window `w`.
-pub fn window(series: &Series, events: &[TraceEvent], n: usize, w: usize, window: usize, t0: Option<i64>) -> Window {
+pub fn window(
+    snap: &Snapshot,
+    series: &Series,
+    events: &[TraceEvent],
+    n: usize,
+    w: usize,
+    window: usize,
+    t0: Option<i64>,
+) -> Window {
     let (lo, hi) = (w * window, ((w + 1) * window).min(n));
     let before = series.after(lo.checked_sub(1));
     let mut out = Window {
@@ -180,7 +188,7 @@ pub fn window(series: &Series, events: &[TraceEvent], n: usize, w: usize, window
         out.reserved.push(diff(t.reserved, prev.reserved));
         out.active.push(diff(t.active, prev.active));
         out.size.push(e.size());
-        out.stream.push(e.stream());
+        out.stream.push(snap.context(e).stream);
         out.stack.push(e.stack);
         out.time.push(match last {
             Some(l) if e.has_time() => {

@@ -152,16 +152,11 @@ impl TraceBuilder {
 
     fn push(&mut self, action: Action, addr: u64, size: u64, stack: StackId) {
         self.time += 7;
-        self.events.push(TraceEvent {
-            addr,
-            size,
-            stream: 0,
-            time_us: self.time,
-            stack,
-            compile_context: StrId::EMPTY,
-            user_metadata: StrId::EMPTY,
-            action,
-        });
+        let mut e = TraceEvent::new(action, addr);
+        e.size = size;
+        e.time_us = self.time;
+        e.stack = stack;
+        self.events.push(e);
     }
 
     pub fn event_count(&self) -> usize {
@@ -328,6 +323,7 @@ impl TraceBuilder {
             strings: self.strings,
             frames: self.frames,
             stacks: self.stacks,
+            contexts: Vec::new(),
             source: SourceInfo {
                 protocol: 4,
                 producer: Producer::PythonPickler,

@@ -8,9 +8,9 @@
 
 use memsnap_pickle::{ErrorKind, Heap, ListStore, MemoRef, Store, StoreView, Value};
 
-use super::super::{Builder, Key};
+use super::super::{Builder, Contexts, Key};
 use super::decode::{ActionRef, Chunk, First, FrameField, FrameRef, Mark, Raw, Slot, StackRef, Text};
-use crate::types::{Action, Frame, FrameId, StackId, StrId, TraceEvent};
+use crate::types::{Action, EventContext, Frame, FrameId, StackId, StrId, TraceEvent};
 
 const UNMAPPED: u32 = u32::MAX;
 
@@ -65,6 +65,9 @@ pub(in crate::read) struct Converted {
     pub tally: crate::TraceTally,
     pub with_frames: u64,
     pub unknown_actions: Vec<String>,
+    /// The streams and labels of the chunk's events, numbered for the chunk alone (see
+    /// [`Contexts::absorb`]); `None` when the chunk had more than a table holds.
+    pub contexts: Option<Contexts>,
 }
 
 /// Convert the first `n` events of a merged chunk (read-only on the builder: everything they
@@ -74,8 +77,15 @@ pub(super) fn convert(b: &Builder, view: StoreView<'_, '_>, chunk: &Chunk, m: &M
     out.tally = crate::TraceTally::default();
     out.with_frames = 0;
     out.unknown_actions.clear();
+    let mut contexts = out.contexts.take().unwrap_or_default();
+    contexts.clear();
+    let mut fits = true;
     for ev in &chunk.events[..n] {
-        let e = event(b, view, chunk, m, ev, &mut out.unknown_actions);
+        let (mut e, context) = event(b, view, chunk, m, ev, &mut out.unknown_actions);
+        match contexts.intern(context) {
+            Some(id) => e.set_context(id),
+            None => fits = false,
+        }
         out.with_frames += (e.stack != StackId::EMPTY) as u64;
         if b.keep_events {
             out.events.push(e);
@@ -83,6 +93,7 @@ pub(super) fn convert(b: &Builder, view: StoreView<'_, '_>, chunk: &Chunk, m: &M
             out.tally.add(&e);
         }
     }
+    out.contexts = fits.then_some(contexts);
 }
 
 /// Chunk id → snapshot-wide id, filled as the merge meets them.
@@ -272,7 +283,7 @@ fn event(
     m: &Maps,
     e: &super::decode::RawEvent,
     unknown_actions: &mut Vec<String>,
-) -> TraceEvent {
+) -> (TraceEvent, EventContext) {
     let stack = match e.stack {
         StackRef::Empty => StackId::EMPTY,
         StackRef::Known(s) => s,
@@ -323,16 +334,16 @@ fn event(
         (Action::Oom, Some(f)) => f,
         _ => e.addr,
     };
-    TraceEvent {
-        addr,
-        size: e.size,
+    let mut ev = TraceEvent::new(action, addr);
+    ev.size = e.size;
+    ev.time_us = e.time_us;
+    ev.stack = stack;
+    let context = EventContext {
         stream: e.stream,
-        time_us: e.time_us,
-        stack,
         compile_context: if Some(cc) == b.na_id { StrId::EMPTY } else { cc },
         user_metadata: um,
-        action,
-    }
+    };
+    (ev, context)
 }
 
 fn push_slots(

@@ -24,10 +24,10 @@ mod decode;
 mod merge;
 
 use memsnap_pickle::scan::{self, Counts};
-use memsnap_pickle::{Advanced, Ahead, MemoRef, PickleError, StoreView, Value};
+use memsnap_pickle::{Advanced, Ahead, ErrorKind, MemoRef, PickleError, StoreView, Value};
 use rayon::prelude::*;
 
-use super::Builder;
+use super::{Builder, Contexts};
 pub(in crate::read) use decode::Chunk;
 use decode::Window;
 pub(in crate::read) use merge::Converted;
@@ -157,10 +157,18 @@ pub(super) fn fast_forward(b: &mut Builder, ahead: Ahead<'_, '_>) -> Result<Opti
             merge::convert(b, view, &chunks[i], maps, *n, out);
         });
     }
-    for out in &outs[..merged_maps.len()] {
+    for out in &mut outs[..merged_maps.len()] {
         b.events_with_frames += out.with_frames;
         for a in &out.unknown_actions {
             *b.unknown_actions.entry(a.clone()).or_default() += 1;
+        }
+        let absorbed = out.contexts.as_ref().and_then(|c| b.contexts.absorb(c, &mut out.events));
+        if absorbed.is_none() {
+            return Err(PickleError {
+                offset: offset as usize,
+                opcode: None,
+                kind: ErrorKind::LimitExceeded(Contexts::LIMIT_TEXT),
+            });
         }
         if b.keep_events {
             b.events.extend_from_slice(&out.events);
