@@ -71,8 +71,8 @@ enum Command {
     /// Live memory by stack as folded stacks or an SVG flamegraph.
     #[command(after_help = "Example:\n  memsnap flamegraph run.pickle --at peak -o peak.svg")]
     Flamegraph(cmd::flamegraph::Args),
-    /// One row per snapshot over files, directories and globs (JSONL or CSV).
-    #[command(after_help = "Example:\n  memsnap batch dumps/ -o rows.csv --jobs 4")]
+    /// One row per snapshot over files, directories and globs (JSONL, CSV or Parquet).
+    #[command(after_help = "Example:\n  memsnap batch dumps/ -o rows.parquet --jobs 4      (or rows.csv, rows.jsonl)")]
     Batch(cmd::batch::Args),
     /// CI gate: exit 1 when a limit is exceeded or a suspect kind is found.
     #[command(after_help = "Example:\n  memsnap check run.pickle --max-peak 20GiB --fail-on leaks")]

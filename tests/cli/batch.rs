@@ -1,5 +1,6 @@
 //! `memsnap batch`: one row per input file over directories, globs and bad files; exit codes;
-//! JSONL and CSV; byte-identical output for every `--jobs` and memory budget.
+//! JSONL and CSV (Parquet in batch_parquet.rs); byte-identical output for every `--jobs` and
+//! memory budget.
 
 use crate::common;
 
@@ -144,7 +145,8 @@ fn readable_inputs_exit_0_and_two_ddp_ranks_show_the_odd_one_out() {
 fn identical_bytes_for_every_job_count_and_budget() {
     let bad = bad_dir();
     let out = tempfile::tempdir().unwrap();
-    for ext in ["jsonl", "csv"] {
+    // Parquet is converted from the JSON Lines rows at the end: the same rows, the same bytes.
+    for ext in ["jsonl", "csv", "parquet"] {
         let mut outputs = Vec::new();
         for (jobs, budget) in [("1", None), ("2", None), ("4", None), ("3", Some("1B"))] {
             let path = out.path().join(format!("rows-{jobs}.{ext}"));
@@ -167,6 +169,7 @@ fn identical_bytes_for_every_job_count_and_budget() {
             outputs.push(std::fs::read(&path).unwrap());
         }
         assert!(outputs[0].len() > 1000);
+        assert_eq!(outputs[0].starts_with(b"PAR1"), ext == "parquet", "{ext}");
         for o in &outputs[1..] {
             assert!(o == &outputs[0], "{ext}: output differs between job counts");
         }

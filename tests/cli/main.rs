@@ -6,6 +6,7 @@ mod common;
 
 mod analyze;
 mod batch;
+mod batch_parquet;
 mod batch_resume;
 mod check;
 mod diff;

@@ -1,20 +1,22 @@
-//! `memsnap batch PATH... [-o rows.jsonl|rows.csv] [--jobs N]`: one row per snapshot over files,
-//! directories (walked recursively) and glob patterns, and a row with `error` for every file that
-//! cannot be read, then on to the next.
+//! `memsnap batch PATH... [-o rows.jsonl|rows.csv|rows.parquet] [--jobs N]`: one row per
+//! snapshot over files, directories (walked recursively) and glob patterns, and a row with
+//! `error` for every file that cannot be read, then on to the next.
 //!
 //! Files are analysed on a pool of `--jobs` threads. They are admitted in input order against a
 //! budget of pickle bytes in flight, so an archive of multi-GB dumps never has more of them in
 //! memory at once than fit. Rows are written in input order whatever the thread count or timing:
 //! the output is byte-identical for every `--jobs`. With `-o OUT` the rows go to `OUT.partial`,
-//! which replaces OUT at the end, and `--resume` continues an interrupted run from it to the same
-//! bytes. See docs/batch.md.
+//! which replaces OUT at the end (for Parquet, [`parquet`] converts it into OUT), and `--resume`
+//! continues an interrupted run from it to the same bytes. See docs/batch.md.
 //!
 //! The parts: [`crate::discovery`] turns the arguments into inputs, [`budget`] estimates what each
 //! costs and how much may be in flight, [`rows`] analyses a file into a row and writes it as
-//! JSON or CSV, and [`resume`] opens the output and finds what an interrupted run left. This
-//! module holds the arguments and the loop that admits, schedules and writes.
+//! JSON or CSV, [`resume`] opens the output and finds what an interrupted run left, and
+//! [`parquet`] turns the finished JSON Lines rows into a Parquet file. This module holds the
+//! arguments and the loop that admits, schedules and writes.
 
 mod budget;
+mod parquet;
 mod resume;
 mod rows;
 
@@ -40,6 +42,8 @@ pub enum Format {
     Jsonl,
     /// Comma-separated values with a header line (RFC 4180 quoting).
     Csv,
+    /// Apache Parquet, one file written when the batch is done (needs `-o FILE`).
+    Parquet,
 }
 
 #[derive(clap::Args)]
@@ -49,9 +53,10 @@ pub struct Args {
     /// or .xz) are read; a file named explicitly or matched by a pattern is always read.
     #[arg(required = true, value_name = "PATH")]
     pub paths: Vec<PathBuf>,
-    /// Where to write the rows; `.csv` writes CSV, anything else JSON Lines. Default: stdout.
-    /// FILE is replaced only when the batch is done; meanwhile finished rows are kept in
-    /// `FILE.partial`.
+    /// Where to write the rows; `.csv` writes CSV, `.parquet` Parquet, anything else JSON Lines.
+    /// Default: stdout (not for Parquet, which is written whole at the end). FILE is replaced
+    /// only when the batch is done; meanwhile finished rows are kept in `FILE.partial` (JSON
+    /// Lines for Parquet, converted at the end).
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
     /// Continue an interrupted run with `-o FILE` (same arguments): keep the complete rows in

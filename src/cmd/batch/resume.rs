@@ -1,6 +1,6 @@
 //! The output and resuming: the [`Sink`] the rows are written to (stdout, a device in place, or
-//! `OUT.partial` renamed over `OUT` at the end), and what `--resume` keeps of an interrupted
-//! run's `OUT.partial`.
+//! `OUT.partial` renamed over `OUT` at the end, or converted to Parquet as `OUT`), and what
+//! `--resume` keeps of an interrupted run's `OUT.partial`.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions, Permissions};
@@ -30,13 +30,22 @@ pub(super) enum Sink {
         target: PathBuf,
         keep: Option<Permissions>,
     },
+    /// `OUT.partial` as for [`Sink::Partial`], in JSON Lines, converted at the end into the
+    /// Parquet file `OUT` (see [`super::parquet`]).
+    ParquetPartial {
+        file: File,
+        partial: PathBuf,
+        target: PathBuf,
+    },
 }
 
 impl Sink {
     pub(super) fn write(&mut self, line: &str) -> anyhow::Result<()> {
         match self {
             Sink::Stdout(w) => w.write_all(line.as_bytes()).context("cannot write to stdout"),
-            Sink::InPlace { file, path } | Sink::Partial { file, partial: path, .. } => {
+            Sink::InPlace { file, path }
+            | Sink::Partial { file, partial: path, .. }
+            | Sink::ParquetPartial { file, partial: path, .. } => {
                 file.write_all(line.as_bytes()).with_context(|| format!("cannot write {}", path.display()))
             }
         }
@@ -49,6 +58,10 @@ impl Sink {
                 file.flush().with_context(|| format!("cannot write {}", path.display()))
             }
             Sink::Partial { file, partial, target, keep } => output::replace_with(&partial, &file, &target, keep),
+            Sink::ParquetPartial { file, partial, target } => {
+                drop(file);
+                super::parquet::convert(&partial, &target)
+            }
         }
     }
 }
@@ -69,7 +82,8 @@ pub(super) struct Resumed {
 /// What identifies an input's row: its `path` as the row writes it.
 pub(super) fn input_key(shown: &str, format: Format) -> String {
     match format {
-        Format::Jsonl => shown.to_string(),
+        // A Parquet output's rows are kept as JSON Lines until the batch is done.
+        Format::Jsonl | Format::Parquet => shown.to_string(),
         Format::Csv => csv_field(&text_cell(shown)),
     }
 }
@@ -93,7 +107,7 @@ fn first_csv_cell(line: &str) -> Option<&str> {
 /// The key of a written row and whether it is an error row; `None` when the line is not one.
 fn row_key(line: &str, format: Format) -> Option<(String, bool)> {
     match format {
-        Format::Jsonl => {
+        Format::Jsonl | Format::Parquet => {
             let v: Value = serde_json::from_str(line).ok()?;
             Some((v.get("path")?.as_str()?.to_string(), !v.get("error")?.is_null()))
         }
@@ -157,13 +171,29 @@ fn reopen_partial(partial: &Path, format: Format, keys: &[String]) -> anyhow::Re
     Ok(Some((file, has_header, resumed)))
 }
 
-/// The row writer, its format, a name for the summary line, whether it is stdout, and what
-/// `--resume` found. `keys` are the inputs' [`input_key`]s, in order.
+/// Why a Parquet output must be a file: it is written whole at the end, not streamed.
+const PARQUET_NEEDS_A_FILE: &str =
+    "Parquet needs -o FILE: a columnar file is written whole when the batch is done, not streamed";
+
+/// The format `-o PATH` asks for by its extension: `.csv` CSV, `.parquet` Parquet, anything
+/// else JSON Lines.
+fn format_of(p: &Path) -> Format {
+    match p.extension() {
+        Some(e) if e.eq_ignore_ascii_case("csv") => Format::Csv,
+        Some(e) if e.eq_ignore_ascii_case("parquet") => Format::Parquet,
+        _ => Format::Jsonl,
+    }
+}
+
+/// The row writer, the format the rows are written in (JSON Lines for a Parquet output, which is
+/// converted at the end), a name for the summary line, whether it is stdout, and what `--resume`
+/// found. `keys` are the inputs' [`input_key`]s, in order.
 pub(super) fn open_output(
     args: &Args,
     keys_of: impl Fn(Format) -> Vec<String>,
 ) -> anyhow::Result<(Sink, Format, String, bool, Resumed)> {
     let Some(p) = args.output.as_ref().filter(|p| p.as_os_str() != "-") else {
+        anyhow::ensure!(args.format != Some(Format::Parquet), "{PARQUET_NEEDS_A_FILE} to stdout");
         anyhow::ensure!(!args.resume, "--resume needs -o FILE: rows written to stdout cannot be resumed");
         let mut sink = Sink::Stdout(BufWriter::new(io::stdout()));
         let format = args.format.unwrap_or(Format::Jsonl);
@@ -172,11 +202,16 @@ pub(super) fn open_output(
         }
         return Ok((sink, format, "stdout".into(), true, Resumed::default()));
     };
-    let ext_csv = p.extension().is_some_and(|e| e.eq_ignore_ascii_case("csv"));
-    let format = args.format.unwrap_or(if ext_csv { Format::Csv } else { Format::Jsonl });
+    let requested = args.format.unwrap_or_else(|| format_of(p));
+    let format = if requested == Format::Parquet { Format::Jsonl } else { requested };
     let name = shown_path(p);
     let (mut sink, has_header, resumed) = match output::destination(p)? {
         Destination::InPlace => {
+            anyhow::ensure!(
+                requested != Format::Parquet,
+                "{PARQUET_NEEDS_A_FILE}: {} is a device or descriptor",
+                p.display()
+            );
             anyhow::ensure!(
                 !args.resume,
                 "--resume: {} is a device or descriptor, not a file: there is nothing to resume",
@@ -203,7 +238,13 @@ pub(super) fn open_output(
                     (file, false, Resumed::default())
                 }
             };
-            (Sink::Partial { file, partial, target: p.clone(), keep }, has_header, resumed)
+            let target = p.clone();
+            let sink = match requested {
+                // The target's permissions are kept by `output::write_file`, which writes it.
+                Format::Parquet => Sink::ParquetPartial { file, partial, target },
+                Format::Jsonl | Format::Csv => Sink::Partial { file, partial, target, keep },
+            };
+            (sink, has_header, resumed)
         }
     };
     if format == Format::Csv && !has_header {

@@ -1,9 +1,10 @@
 //! Rows: analysing one file into the figures of its row ([`analyze_row`]), and writing a row as
 //! a JSON Lines object or a CSV line, with the CSV columns, quoting and the escaping of untrusted
-//! text cells.
+//! text cells; and [`row_schema`], the JSON row's columns as Arrow types (for Parquet).
 
 use std::path::Path;
 
+use arrow_schema::{DataType, Field, Fields, Schema};
 use memsnap_analysis::{Site, Suspect};
 use memsnap_model::{escape_controls, json_safe, printable, shown};
 use serde_json::{json, Value};
@@ -30,6 +31,7 @@ fn site_text(site: Option<&Site>) -> String {
 }
 
 /// What one row says about a readable file.
+#[derive(Clone)]
 pub(super) struct Figures {
     pickle_bytes: u64,
     compression: &'static str,
@@ -178,6 +180,56 @@ fn row_json(row: &Row) -> Value {
     v
 }
 
+/// The columns of [`row_json`] as Arrow types, in the JSON row's (alphabetical) key order: what a
+/// Parquet output holds, decoded from the JSON Lines rows. Nullable wherever the JSON can be
+/// `null` (every figure of an error row, a peak without a trace, a suspect without a user frame).
+/// Byte counts are `UInt64`, as memsnap counts them: a sum over a file's blocks can saturate at
+/// 2^64 - 1 (fixtures/hostile/ok_sizes_sum_past_2p64), which `Int64` cannot hold. Indices and
+/// counts (devices, lines, `suspect_count`, `schema_version`) are `Int64`.
+pub(super) fn row_schema() -> Schema {
+    let field = |name: &str, data_type: DataType, nullable: bool| Field::new(name, data_type, nullable);
+    let list_of = |item: DataType| DataType::List(Field::new_list_field(item, false).into());
+    let bytes = |name: &str, nullable: bool| field(name, DataType::UInt64, nullable);
+    let per_device = Fields::from(vec![
+        bytes("allocated_bytes", false),
+        field("device", DataType::Int64, false),
+        bytes("peak_allocated_bytes", true),
+        bytes("peak_reserved_bytes", true),
+        bytes("reserved_bytes", false),
+    ]);
+    let site = Fields::from(vec![
+        field("filename", DataType::Utf8, false),
+        field("function", DataType::Utf8, false),
+        field("line", DataType::Int64, false),
+    ]);
+    let suspect = Fields::from(vec![
+        bytes("bytes", false),
+        field("confidence", DataType::Float64, false),
+        field("device", DataType::Int64, false),
+        field("kind", DataType::Utf8, false),
+        field("site", DataType::Struct(site), true),
+    ]);
+    Schema::new(vec![
+        bytes("allocated_bytes", true),
+        field("caveats", list_of(DataType::Utf8), true),
+        field("compression", DataType::Utf8, true),
+        field("devices", list_of(DataType::Int64), true),
+        field("error", DataType::Utf8, true),
+        bytes("file_bytes", true),
+        field("path", DataType::Utf8, false),
+        bytes("peak_allocated_bytes", true),
+        field("peak_device", DataType::Int64, true),
+        bytes("peak_reserved_bytes", true),
+        field("per_device", list_of(DataType::Struct(per_device)), true),
+        bytes("pickle_bytes", true),
+        field("producer", DataType::Utf8, true),
+        bytes("reserved_bytes", true),
+        field("schema_version", DataType::Int64, false),
+        field("suspect_count", DataType::Int64, true),
+        field("top_suspects", list_of(DataType::Struct(suspect)), true),
+    ])
+}
+
 /// A cell of untrusted text (a path, sites, caveats, an error message): control and bidi
 /// characters as visible escapes, and a cell a spreadsheet would read as a formula (starting
 /// with `=`, `+`, `-`, `@`, tab or CR) prefixed with `'`, as OWASP advises. memsnap's own
@@ -236,7 +288,8 @@ fn row_csv(row: &Row) -> String {
 /// escapes (the values unchanged), or CSV with the safety net of text output.
 pub(super) fn row_line(row: &Row, format: Format) -> anyhow::Result<String> {
     Ok(match format {
-        Format::Jsonl => json_safe(&serde_json::to_string(&row_json(row))?).into_owned() + "\n",
+        // A Parquet output's rows are kept as JSON Lines until the batch is done.
+        Format::Jsonl | Format::Parquet => json_safe(&serde_json::to_string(&row_json(row))?).into_owned() + "\n",
         Format::Csv => escape_controls(&row_csv(row)).into_owned(),
     })
 }
@@ -265,6 +318,65 @@ mod tests {
         ] {
             assert_eq!(text_cell(cell), want, "{cell:?}");
         }
+    }
+
+    /// `value` has the shape `data_type` says, level by level: the same keys as a struct's fields
+    /// (and in their order), `null` only where the field is nullable, numbers of the column's
+    /// type.
+    fn conforms(value: &Value, data_type: &DataType, nullable: bool, at: &str) {
+        if value.is_null() {
+            assert!(nullable, "{at} is null in a row but not nullable in the schema");
+            return;
+        }
+        match data_type {
+            DataType::Struct(fields) => {
+                let object = value.as_object().unwrap_or_else(|| panic!("{at}: not an object: {value}"));
+                let keys: Vec<&str> = object.keys().map(String::as_str).collect();
+                let names: Vec<&str> = fields.iter().map(|f| f.name().as_str()).collect();
+                assert_eq!(keys, names, "{at}: the row's keys and the schema's fields");
+                for f in fields {
+                    conforms(&object[f.name()], f.data_type(), f.is_nullable(), &format!("{at}.{}", f.name()));
+                }
+            }
+            DataType::List(item) => {
+                let items = value.as_array().unwrap_or_else(|| panic!("{at}: not an array: {value}"));
+                for (i, v) in items.iter().enumerate() {
+                    conforms(v, item.data_type(), item.is_nullable(), &format!("{at}[{i}]"));
+                }
+            }
+            DataType::UInt64 => assert!(value.is_u64(), "{at}: not a u64: {value}"),
+            DataType::Int64 => assert!(value.is_i64(), "{at}: not an i64: {value}"),
+            DataType::Float64 => assert!(value.is_number(), "{at}: not a number: {value}"),
+            DataType::Utf8 => assert!(value.is_string(), "{at}: not a string: {value}"),
+            other => panic!("{at}: {other} is not a type row_json writes"),
+        }
+    }
+
+    #[test]
+    fn the_arrow_schema_is_the_json_row() {
+        let snap = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/multi/m02_ddp_rank1.pickle");
+        let Outcome::Row(read) = analyze_row(&snap, "m02_ddp_rank1.pickle".into(), 3, None) else {
+            panic!("read without a cap")
+        };
+        let Ok(figures) = &read.result else { panic!("m02_ddp_rank1.pickle is readable") };
+        assert!(figures.top_suspects.iter().any(|s| s.site.is_some()), "a suspect with a site");
+        // Every null the JSON can hold: a device without a trace (no peaks), a suspect without a
+        // user frame, a file that could not be looked at, an error row.
+        let mut untraced = figures.clone();
+        untraced.devices.iter_mut().for_each(|d| d.peak_known = false);
+        untraced.top_suspects.iter_mut().for_each(|s| s.site = None);
+        let untraced = Row { path: "untraced".into(), file_bytes: Some(1), result: Ok(untraced) };
+        let unread = Row { path: "-".into(), file_bytes: None, result: Err("cannot read".into()) };
+        let schema = DataType::Struct(row_schema().fields().clone());
+        for row in [&read, &untraced, &unread] {
+            let json = row_json(row);
+            conforms(&json, &schema, false, &row.path);
+            // And as it is written and read back (key order is the serialised order).
+            let line = row_line(row, Format::Jsonl).unwrap();
+            conforms(&serde_json::from_str(&line).unwrap(), &schema, false, &row.path);
+        }
+        assert!(row_json(&untraced)["peak_allocated_bytes"].is_null());
+        assert!(row_json(&untraced)["top_suspects"][0]["site"].is_null());
     }
 
     #[test]
