@@ -24,6 +24,7 @@ pub const PAGES: &[(&str, &str, &str)] = &[
         include_str!("../../docs/ranks.md"),
     ),
     ("batch", "one row per snapshot over an archive; resuming", include_str!("../../docs/batch.md")),
+    ("archives", "archives as tables: Parquet, DuckDB, Polars, Ray Data", include_str!("../../docs/archives.md")),
     ("replay", "how the allocator is replayed to the byte", include_str!("../../docs/replay.md")),
     ("format", "the snapshot pickle, key by key, and which PyTorch wrote what", include_str!("../../docs/format.md")),
     ("performance", "speed and memory, measured", include_str!("../../docs/performance.md")),
