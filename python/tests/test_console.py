@@ -59,12 +59,35 @@ def test_codes_are_the_documented_ones(console_script: Path) -> None:
 
 def test_ctrl_c_ends_it_as_it_ends_the_binary(cli: Cli, console_script: Path) -> None:
     for program in (str(cli.path), str(console_script)):
-        p = subprocess.Popen([program, "batch", "fixtures", "--jobs", "1"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # SIGINT as a terminal's job has it (a background job of a script inherits it ignored).
+        p = subprocess.Popen(
+            [program, "batch", "fixtures", "--jobs", "1"],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
         time.sleep(1.0)
         if p.poll() is not None:
             pytest.skip("the batch ended before it could be interrupted")
         p.send_signal(signal.SIGINT)
         assert p.wait(timeout=30) == -signal.SIGINT, program
+
+
+def test_an_ignored_ctrl_c_is_ignored_as_by_the_binary(cli: Cli, console_script: Path) -> None:
+    want = cli.run(["batch", "fixtures/dev", "--jobs", "1"])
+    for program in (str(cli.path), str(console_script)):
+        p = subprocess.Popen(
+            [program, "batch", "fixtures/dev", "--jobs", "1"],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        )
+        time.sleep(0.3)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=120)
+        assert (p.returncode, out, err) == (want.returncode, want.stdout, want.stderr), program
 
 
 def test_importing_memsnap_imports_neither_torch_nor_numpy() -> None:
