@@ -73,10 +73,10 @@ impl Discovery {
             let before = self.inputs.len();
             self.walk(&path);
             if self.inputs.len() == before {
-                eprintln!(
+                crate::emit::stderr_line(&format!(
                     "memsnap: warning: {}: no snapshot files (*.pickle, *.pkl, optionally .gz/.zst/.xz) in this directory",
                     shown_path(&path)
-                );
+                ));
             }
         } else {
             self.add_file(path);
@@ -116,11 +116,18 @@ impl Discovery {
 
     /// A FIFO, socket or device found under a directory or by a pattern: not read.
     fn skip_special(&mut self, path: &Path) {
-        eprintln!("memsnap: warning: {}: not a regular file (a FIFO, socket or device): skipped", shown_path(path));
+        crate::emit::stderr_line(&format!(
+            "memsnap: warning: {}: not a regular file (a FIFO, socket or device): skipped",
+            shown_path(path)
+        ));
         self.skipped += 1;
     }
 
     pub(crate) fn add_arg(&mut self, arg: &Path) {
+        // Bytes the run was handed under this name (the Python extension) are one input.
+        if crate::invocation::in_memory(arg).is_some() {
+            return self.add_file(arg.to_path_buf());
+        }
         if arg.as_os_str() == "-" || arg.exists() {
             return self.add_path(arg.to_path_buf(), true);
         }

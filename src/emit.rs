@@ -1,20 +1,27 @@
 //! Writing to stdout and stderr: text with untrusted strings made visible, JSON with terminal
 //! characters escaped, markup as it is, and input errors as one line with exit code 2.
+//!
+//! Every byte the commands write goes through here, to the [`Sink`] of the run the thread works
+//! for ([`crate::invocation`]): the process's stdout and stderr, or two buffers that the Python
+//! extension hands back. Progress bars are the exception: they draw on the terminal's stderr
+//! themselves, and only a run writing to a terminal draws them.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::Path;
-use std::process::ExitCode;
+use std::sync::Mutex;
 
 use anyhow::Context as _;
 use memsnap_model::{escape_controls, json_safe, printable};
 
+use crate::exit::Exit;
+
 /// Print an error as one line (the cause chain joined by ": ") and return exit code 2.
 /// A closed pipe (e.g. `memsnap trace f | head`) is not an error.
-pub fn report_error(e: &anyhow::Error) -> ExitCode {
+pub fn report_error(e: &anyhow::Error) -> Exit {
     if e.chain()
         .any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe))
     {
-        return ExitCode::SUCCESS;
+        return Exit::SUCCESS;
     }
     let mut line = String::from("memsnap: error: ");
     let parts: Vec<String> = e.chain().map(|c| c.to_string()).collect();
@@ -28,8 +35,8 @@ pub fn report_error(e: &anyhow::Error) -> ExitCode {
     // The message may quote the input's path and strings from the file (a key path, a value):
     // control and bidi characters, newlines included, are shown as escapes, so it is one line.
     line.push_str(&printable(&shown.join(": ")));
-    let _ = writeln!(std::io::stderr(), "{line}");
-    ExitCode::from(2)
+    stderr_line(&line);
+    Exit::UNREADABLE
 }
 
 /// A path as text output shows it: control and bidi characters as visible escapes
@@ -53,16 +60,121 @@ pub fn emit_json(json: &str) -> anyhow::Result<()> {
 
 /// Write `text` to stdout as it is (HTML and SVG, which escape their own text).
 pub fn emit_raw(text: &str) -> anyhow::Result<()> {
-    let mut out = std::io::stdout().lock();
+    let mut out = Stdout;
     out.write_all(text.as_bytes()).context("cannot write to stdout")?;
     out.flush().context("cannot write to stdout")?;
     Ok(())
 }
 
+/// Write one line to stderr (a warning, a note, a summary line); `line` has no newline. A
+/// stderr that cannot be written is not an error: there is nowhere left to say so.
+pub fn stderr_line(line: &str) {
+    let with_newline = format!("{line}\n");
+    with_sink(|sink| sink.write_stderr(with_newline.as_bytes()));
+}
+
+/// Whether stdout is a terminal (never for a captured run).
+pub fn stdout_is_terminal() -> bool {
+    with_sink(Sink::stdout_is_terminal)
+}
+
+/// `f` applied to the sink of the run this thread works for (the process's stdio on a thread
+/// that works for none).
+fn with_sink<T>(f: impl FnOnce(&Sink) -> T) -> T {
+    static STDIO: Sink = Sink::Stdio;
+    crate::invocation::with_sink(&STDIO, f)
+}
+
+/// Where a run's output goes.
+pub enum Sink {
+    /// The process's stdout and stderr.
+    Stdio,
+    /// Kept in memory, for the caller to take when the run is over.
+    Captured { stdout: Mutex<Vec<u8>>, stderr: Mutex<Vec<u8>> },
+}
+
+impl Sink {
+    pub fn captured() -> Sink {
+        Sink::Captured { stdout: Mutex::new(Vec::new()), stderr: Mutex::new(Vec::new()) }
+    }
+
+    /// What a captured run wrote to (stdout, stderr); empty for the process's stdio.
+    pub fn take(&self) -> (Vec<u8>, Vec<u8>) {
+        match self {
+            Sink::Stdio => (Vec::new(), Vec::new()),
+            Sink::Captured { stdout, stderr } => (take_buffer(stdout), take_buffer(stderr)),
+        }
+    }
+
+    pub(crate) fn write_stdout(&self, bytes: &[u8]) -> std::io::Result<()> {
+        match self {
+            Sink::Stdio => std::io::stdout().lock().write_all(bytes),
+            Sink::Captured { stdout, .. } => {
+                lock(stdout).extend_from_slice(bytes);
+                Ok(())
+            }
+        }
+    }
+
+    fn flush_stdout(&self) -> std::io::Result<()> {
+        match self {
+            Sink::Stdio => std::io::stdout().lock().flush(),
+            Sink::Captured { .. } => Ok(()),
+        }
+    }
+
+    pub(crate) fn write_stderr(&self, bytes: &[u8]) {
+        match self {
+            Sink::Stdio => {
+                let _ = std::io::stderr().lock().write_all(bytes);
+            }
+            Sink::Captured { stderr, .. } => lock(stderr).extend_from_slice(bytes),
+        }
+    }
+
+    pub(crate) fn stdout_is_terminal(&self) -> bool {
+        matches!(self, Sink::Stdio) && std::io::stdout().is_terminal()
+    }
+
+    pub(crate) fn stderr_is_terminal(&self) -> bool {
+        matches!(self, Sink::Stdio) && std::io::stderr().is_terminal()
+    }
+}
+
+/// A buffer's lock; a thread that panicked while appending to it (it cannot: appending does not
+/// panic but for want of memory) leaves bytes that are still worth handing back.
+fn lock(buffer: &Mutex<Vec<u8>>) -> std::sync::MutexGuard<'_, Vec<u8>> {
+    buffer.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn take_buffer(buffer: &Mutex<Vec<u8>>) -> Vec<u8> {
+    std::mem::take(&mut *lock(buffer))
+}
+
+/// Stdout of the run this thread works for, as a writer, for output written as it is built
+/// (JSON documents). No escaping of its own: what is written must be safe already.
+pub struct Stdout;
+
+impl Write for Stdout {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.write_all(buf)?;
+        Ok(buf.len())
+    }
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        with_sink(|sink| sink.write_stdout(buf))
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        with_sink(Sink::flush_stdout)
+    }
+}
+
 /// Leave a command's big values to the operating system instead of freeing them: the process
 /// ends right after, and unmapping its memory at exit is far quicker than freeing millions of
 /// allocations one by one (0.1 s for a 1 GB snapshot). Only for the last value a one-file
-/// command holds, never inside `batch`.
+/// command holds, never inside `batch`. A run that the process outlives (the Python extension)
+/// frees them as usual.
 pub fn leave<T>(value: T) {
-    std::mem::forget(value);
+    if crate::invocation::exits_after() {
+        std::mem::forget(value);
+    }
 }

@@ -20,6 +20,8 @@ use std::sync::Arc;
 
 use memsnap_pickle::CountingReader;
 
+use crate::invocation::in_memory;
+
 /// The compression a file uses, detected from its first bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Compression {
@@ -96,11 +98,16 @@ impl Opened {
     }
 }
 
-/// Open `path` (or stdin for `-`). With a `cap`, reading fails once the pickle exceeds that
+/// Open `path` (or stdin for `-`); a name the run was handed bytes under
+/// ([`crate::invocation::in_memory`]) reads those bytes instead of a file. With a `cap`, reading fails once the pickle exceeds that
 /// many bytes (and [`Opened::over_cap`] says so): `batch` admits an input whose decompressed
 /// size it only estimated, and holds it to the estimate.
 pub fn open_input(path: &Path, cap: Option<u64>) -> io::Result<Opened> {
-    let (raw, regular_len): (Box<dyn Read + Send>, Option<u64>) = if path.as_os_str() == "-" {
+    let (raw, regular_len): (Box<dyn Read + Send>, Option<u64>) = if let Some(bytes) = in_memory(path) {
+        // Handed to this run in memory (the Python extension): read like a regular file.
+        let len = bytes.as_ref().len() as u64;
+        (Box::new(io::Cursor::new(bytes)), Some(len))
+    } else if path.as_os_str() == "-" {
         (Box::new(io::stdin()), None)
     } else {
         let file = File::open(path)?;

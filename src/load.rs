@@ -51,13 +51,6 @@ pub fn load_capped(path: &Path, cap: Option<u64>) -> Result<Loaded, LoadError> {
     read(path, cap, true)
 }
 
-static SEQUENTIAL_READER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-
-/// `--sequential-reader`: decided once, at start.
-pub fn set_sequential_reader(on: bool) {
-    let _ = SEQUENTIAL_READER.set(on);
-}
-
 /// Read `path`; `events`: keep every trace event (else only counts, for a regular file).
 fn read(path: &Path, cap: Option<u64>, events: bool) -> Result<Loaded, LoadError> {
     let shown = path.display().to_string();
@@ -83,7 +76,7 @@ fn read(path: &Path, cap: Option<u64>, events: bool) -> Result<Loaded, LoadError
         progress: Some(&mut report),
         progress_every: 4 << 20,
         events: events || opened.regular_len.is_none(),
-        sequential: SEQUENTIAL_READER.get().copied().unwrap_or(false),
+        sequential: crate::invocation::sequential_reader(),
         ..ReadOptions::default()
     };
     let snapshot = memsnap_model::read_snapshot_from(&mut opened.reader, opts)

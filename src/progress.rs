@@ -1,47 +1,34 @@
 //! Progress on stderr for long work: bytes read while a snapshot loads, then the phase
 //! (replaying, analysing, rendering). Drawn only when stderr is a terminal and `--quiet` was not
-//! given; otherwise nothing is written, so pipes, logs and tests see no progress output.
-
-use std::io::IsTerminal;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::OnceLock;
+//! given (a run captured in memory, `crate::embed`, has no terminal); otherwise nothing is written,
+//! so pipes, logs and tests see no progress output.
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-static ENABLED: OnceLock<bool> = OnceLock::new();
-/// Set by `batch`, which draws its own bar over files: per-file bars would interleave with it.
-static PER_FILE_OFF: AtomicBool = AtomicBool::new(false);
+use crate::invocation;
 
-/// Stored bytes read so far by every load of this process (`batch` shows them over its files).
-static BYTES_READ: AtomicU64 = AtomicU64::new(0);
-
-/// Count `n` more stored bytes read.
+/// Count `n` more stored bytes read (`batch` shows them over its files).
 pub fn add_bytes_read(n: u64) {
-    BYTES_READ.fetch_add(n, Ordering::Relaxed);
+    invocation::add_bytes_read(n);
 }
 
-/// Stored bytes read so far, over all loads.
+/// Stored bytes read so far, over all loads of this run.
 pub fn bytes_read() -> u64 {
-    BYTES_READ.load(Ordering::Relaxed)
-}
-
-/// Decide once, at start: progress is shown when stderr is a terminal and not `quiet`.
-pub fn init(quiet: bool) {
-    let _ = ENABLED.set(!quiet && std::io::stderr().is_terminal());
+    invocation::bytes_read()
 }
 
 fn enabled() -> bool {
-    *ENABLED.get().unwrap_or(&false) && !PER_FILE_OFF.load(Ordering::Relaxed)
+    invocation::per_file_progress_shown()
 }
 
 /// Whether progress may be drawn at all (stderr is a terminal and no `--quiet`).
 pub fn shown() -> bool {
-    *ENABLED.get().unwrap_or(&false)
+    invocation::progress_shown()
 }
 
-/// No per-file bars from here on (for `batch`).
+/// No per-file bars from here on (for `batch` and `ranks`).
 pub fn per_file_off() {
-    PER_FILE_OFF.store(true, Ordering::Relaxed);
+    invocation::per_file_progress_off();
 }
 
 /// A bar over `total` bytes (a spinner with the count when the total is unknown), or a hidden

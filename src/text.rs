@@ -70,8 +70,9 @@ pub fn wrap_width() -> Option<usize> {
     const MIN_WIDTH: usize = 40;
     let columns = std::env::var("COLUMNS").ok().and_then(|c| c.trim().parse::<usize>().ok());
     let width = columns.or_else(|| {
-        use std::io::IsTerminal;
-        std::io::stdout().is_terminal().then(|| terminal_size::terminal_size().map(|(w, _)| usize::from(w.0))).flatten()
+        crate::emit::stdout_is_terminal()
+            .then(|| terminal_size::terminal_size().map(|(w, _)| usize::from(w.0)))
+            .flatten()
     })?;
     Some(width.max(MIN_WIDTH))
 }

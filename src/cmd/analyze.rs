@@ -2,13 +2,13 @@
 //! puts the verdict first, then peak attribution by site and category, then caveats.
 
 use std::fmt::Write as _;
-use std::process::ExitCode;
 
 use memsnap_analysis::Moment;
 use memsnap_model::{agree, clip, printable, shown};
 use serde_json::{json, Value};
 
 use crate::emit::{emit, shown_path};
+use crate::exit::Exit;
 use crate::json::{site_json, suspect_json};
 use crate::pipeline::{analyze_file, file_name, lacks, Analyzed};
 use crate::text::{category_title, fmt_bytes, since_start, trace_origin, wrap, wrap_width};
@@ -62,15 +62,15 @@ fn labels_json(labels: &[(Option<String>, u64)]) -> Value {
     Value::Array(labels.iter().map(|(l, b)| json!({"label": l, "bytes": b})).collect())
 }
 
-pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+pub fn run(args: &Args) -> anyhow::Result<Exit> {
     let a = analyze_file(&args.snapshot.file)?;
     if args.json {
-        write_analysis_json(&mut std::io::BufWriter::new(std::io::stdout().lock()), &a)?;
+        write_analysis_json(&mut std::io::BufWriter::new(crate::emit::Stdout), &a)?;
     } else {
         emit(&analysis_text(&a, args.top, args.by))?;
     }
     crate::emit::leave(a);
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::SUCCESS)
 }
 
 fn moment_json(m: &Moment, top: usize, reserved_known: bool) -> Value {

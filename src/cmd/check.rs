@@ -3,11 +3,11 @@
 //! when the file cannot be read or a gate is malformed. See docs/check.md.
 
 use std::fmt::Write as _;
-use std::process::ExitCode;
 
 use memsnap_analysis::{Severity, SuspectKind};
 
 use crate::emit::{emit, shown_path};
+use crate::exit::Exit;
 use crate::pipeline::analyze_file;
 use crate::pipeline::device_figures;
 use crate::size;
@@ -81,7 +81,7 @@ fn parse_fail_on(names: &[String]) -> anyhow::Result<FailOn> {
     Ok(f)
 }
 
-pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+pub fn run(args: &Args) -> anyhow::Result<Exit> {
     // Gates are checked before the file is read: a typo should not wait for a multi-GB load.
     let fail_on = parse_fail_on(&args.fail_on)?;
     let a = analyze_file(&args.snapshot.file)?;
@@ -144,13 +144,13 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         }
     }
     if failures.is_empty() {
-        eprintln!("memsnap check: {shown}: passed ({gates} {})", plural(gates, "gate"));
-        return Ok(ExitCode::SUCCESS);
+        crate::emit::stderr_line(&format!("memsnap check: {shown}: passed ({gates} {})", plural(gates, "gate")));
+        return Ok(Exit::SUCCESS);
     }
     emit(&failures)?;
     let n = failures.lines().count();
-    eprintln!("memsnap check: {shown}: FAILED ({n} {})", plural(n, "failure"));
-    Ok(ExitCode::from(1))
+    crate::emit::stderr_line(&format!("memsnap check: {shown}: FAILED ({n} {})", plural(n, "failure")));
+    Ok(Exit::GATE_FAILED)
 }
 
 fn plural(n: usize, word: &str) -> String {

@@ -1,9 +1,8 @@
 //! `memsnap docs [TOPIC]`: the manual pages under `docs/`, built into the binary, so that what
 //! `--help` points to is there for an installed binary as much as in a clone of the repository.
 
-use std::process::ExitCode;
-
 use crate::emit::emit;
+use crate::exit::Exit;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -24,19 +23,20 @@ pub const PAGES: &[(&str, &str, &str)] = &[
         include_str!("../../docs/ranks.md"),
     ),
     ("batch", "one row per snapshot over an archive; resuming", include_str!("../../docs/batch.md")),
+    ("archives", "archives as tables: Parquet, DuckDB, Polars, Ray Data", include_str!("../../docs/archives.md")),
     ("replay", "how the allocator is replayed to the byte", include_str!("../../docs/replay.md")),
     ("format", "the snapshot pickle, key by key, and which PyTorch wrote what", include_str!("../../docs/format.md")),
     ("performance", "speed and memory, measured", include_str!("../../docs/performance.md")),
 ];
 
-pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+pub fn run(args: &Args) -> anyhow::Result<Exit> {
     let Some(topic) = &args.topic else {
         let mut list = String::from("memsnap docs TOPIC prints one of these pages:\n\n");
         for (name, what, _) in PAGES {
             list.push_str(&format!("  {name:<12} {what}\n"));
         }
         emit(&list)?;
-        return Ok(ExitCode::SUCCESS);
+        return Ok(Exit::SUCCESS);
     };
     match PAGES.iter().find(|(name, _, _)| name == topic) {
         Some((_, _, page)) => emit(page)?,
@@ -45,5 +45,5 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             anyhow::bail!("no page {:?}; the pages are: {}", topic, names.join(", "));
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::SUCCESS)
 }

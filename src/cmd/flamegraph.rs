@@ -3,11 +3,11 @@
 //! bytes as counts) or as an SVG icicle chart with the user's frames highlighted.
 
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 use memsnap_analysis::{find_phases, moment, LiveBlock};
 use memsnap_report::text::fmt_count;
 
+use crate::exit::Exit;
 use crate::text::fmt_bytes;
 use memsnap_report::{flamegraph_svg, folded_text, live_folded, without_native_frames, FlameOptions};
 
@@ -63,7 +63,7 @@ fn folded_output(output: &std::path::Path, folded: bool) -> anyhow::Result<bool>
     }
 }
 
-pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+pub fn run(args: &Args) -> anyhow::Result<Exit> {
     let at = args.at;
     let folded_out = folded_output(&args.output, args.folded)?;
     let a = analyze_file(&args.snapshot.file)?;
@@ -146,5 +146,5 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     write_output(&args.output, &text, content)?;
     drop(devices);
     crate::emit::leave(a);
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::SUCCESS)
 }

@@ -1,4 +1,4 @@
-//! One module per subcommand. Each has `Args` (clap) and `run(&Args) -> anyhow::Result<ExitCode>`.
+//! One module per subcommand. Each has `Args` (clap) and `run(&Args) -> anyhow::Result<Exit>`.
 //! Errors that reach `main` are input errors: one line on stderr, exit code 2.
 
 pub mod analyze;

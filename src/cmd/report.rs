@@ -4,11 +4,11 @@
 //! asks for the script-free page.
 
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
 use memsnap_report::timeline::XAxis;
 use memsnap_report::{ReportInput, ReportOptions};
 
+use crate::exit::Exit;
 use crate::output::{write_output, Content};
 use crate::pipeline::analyze_file;
 use crate::pipeline::{file_name, lacks};
@@ -93,7 +93,7 @@ fn focus(a: &crate::pipeline::Analyzed, moments: &[crate::moment::At]) -> anyhow
     Ok(out)
 }
 
-pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+pub fn run(args: &Args) -> anyhow::Result<Exit> {
     let format = format_of(&args.output, args.format)?;
     let a = analyze_file(&args.snapshot.file)?;
     let caveats = lacks(&a.loaded.snapshot);
@@ -125,5 +125,5 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     phase.finish_and_clear();
     write_output(&args.output, &text, Content::Markup)?;
     crate::emit::leave(a);
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::SUCCESS)
 }

@@ -3,7 +3,6 @@
 //! fragmentation (the `_memory_viz segsum` view, at any time rather than only at dump).
 
 use std::fmt::Write as _;
-use std::process::ExitCode;
 
 use memsnap_analysis::{find_phases, StackTable};
 use memsnap_model::{BlockState, SegmentType, Snapshot, TraceEvent};
@@ -11,6 +10,7 @@ use memsnap_replay::{DeviceReplay, MemoryMap, SegmentStats, SegmentView};
 use serde_json::{json, Value};
 
 use crate::emit::{emit, emit_json, shown_path};
+use crate::exit::Exit;
 use crate::load::load;
 use crate::moment::At;
 use crate::pipeline::file_name;
@@ -54,7 +54,7 @@ fn state(at: At, snap: &Snapshot, d: &DeviceReplay) -> anyhow::Result<MemoryMap>
     })
 }
 
-pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+pub fn run(args: &Args) -> anyhow::Result<Exit> {
     let loaded = load(&args.snapshot.file)?;
     let snap = &loaded.snapshot;
     let replay = memsnap_replay::replay(snap);
@@ -80,7 +80,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         }
         emit(&s)?;
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::SUCCESS)
 }
 
 fn events(snap: &Snapshot, device: u32) -> &[TraceEvent] {

@@ -2,12 +2,12 @@
 //! coverage, allocator settings, producer, and what the file lacks.
 
 use std::fmt::Write as _;
-use std::process::ExitCode;
 
 use memsnap_model::{printable, shown, DeviceTotals, TraceFacts};
 use serde_json::{json, Value};
 
 use crate::emit::{emit, shown_path};
+use crate::exit::Exit;
 use crate::load::{load_summary, Loaded};
 use crate::pipeline::{file_name, lacks};
 use crate::text::{fmt_bytes, since_start, utc};
@@ -21,15 +21,15 @@ pub struct Args {
     pub json: bool,
 }
 
-pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+pub fn run(args: &Args) -> anyhow::Result<Exit> {
     let loaded = load_summary(&args.snapshot.file)?;
     if args.json {
-        write_summary_json(&mut std::io::BufWriter::new(std::io::stdout().lock()), &loaded)?;
+        write_summary_json(&mut std::io::BufWriter::new(crate::emit::Stdout), &loaded)?;
     } else {
         emit(&summary_text(&loaded))?;
     }
     crate::emit::leave(loaded);
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::SUCCESS)
 }
 
 fn summary_text(l: &Loaded) -> String {

@@ -2,7 +2,6 @@
 //! and requested bytes after each trace event, from the exact replay.
 
 use std::fmt::Write as _;
-use std::process::ExitCode;
 
 use memsnap_analysis::LabelRun;
 use memsnap_model::{printable, TraceEvent};
@@ -10,6 +9,7 @@ use memsnap_replay::{DeviceReplay, Peak};
 use serde_json::{json, Value};
 
 use crate::emit::{emit, emit_json, shown_path};
+use crate::exit::Exit;
 use crate::load::load;
 use crate::pipeline::file_name;
 use crate::pipeline::select_devices;
@@ -37,7 +37,7 @@ pub struct Args {
 /// sits in memory as one string.
 const PIECE: usize = 1 << 20;
 
-pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+pub fn run(args: &Args) -> anyhow::Result<Exit> {
     let loaded = load(&args.snapshot.file)?;
     let snap = &loaded.snapshot;
     let replay = memsnap_replay::replay(snap);
@@ -66,7 +66,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         }
         out.push_str("]}\n");
         emit_json(&out)?;
-        return Ok(ExitCode::SUCCESS);
+        return Ok(Exit::SUCCESS);
     }
 
     if args.csv {
@@ -117,7 +117,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         }
     }
     emit(&out)?;
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::SUCCESS)
 }
 
 /// Indices of the events shown: every `every`th, and the last.

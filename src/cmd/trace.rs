@@ -3,12 +3,12 @@
 //! event, and each stack summarised to the user's innermost frame.
 
 use std::fmt::Write as _;
-use std::process::ExitCode;
 
 use memsnap_model::{classify_filename, shown, Action, FrameKind, Snapshot, StackId};
 use memsnap_replay::DeviceReplay;
 
 use crate::emit::{emit, shown_path};
+use crate::exit::Exit;
 use crate::load::load;
 use crate::pipeline::select_devices;
 use crate::text::fmt_bytes;
@@ -25,7 +25,7 @@ pub struct Args {
 /// Output is written in pieces of about this many bytes.
 const PIECE: usize = 1 << 20;
 
-pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+pub fn run(args: &Args) -> anyhow::Result<Exit> {
     let loaded = load(&args.snapshot.file)?;
     let snap = &loaded.snapshot;
     let replay = memsnap_replay::replay(snap);
@@ -78,7 +78,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         }
     }
     emit(&out)?;
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::SUCCESS)
 }
 
 fn start_note(d: &DeviceReplay) -> String {

@@ -72,9 +72,12 @@ pub fn members(args: &[PathBuf]) -> anyhow::Result<(Vec<Member>, usize)> {
 /// threads; results in input order whatever the thread count.
 pub fn map_in_chunks<I: Sync, T: Send>(items: &[I], f: impl Fn(&I) -> T + Sync) -> Vec<T> {
     let n = rayon::current_num_threads().max(1);
+    let invocation = crate::invocation::current();
     let mut out = Vec::with_capacity(items.len());
     for chunk in items.chunks(n) {
-        out.extend(chunk.par_iter().map(&f).collect::<Vec<T>>());
+        out.extend(
+            chunk.par_iter().map(|i| crate::invocation::within(invocation.clone(), || f(i))).collect::<Vec<T>>(),
+        );
     }
     out
 }

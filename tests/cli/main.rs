@@ -11,6 +11,7 @@ mod batch_resume;
 mod check;
 mod diff;
 mod docs_examples;
+mod embed;
 mod golden;
 mod hostile_cli;
 mod hostile_streams;

@@ -22,6 +22,10 @@ pub(super) struct Estimate {
 /// Never above what the reader would accept from it. Anything else (stdin, a pipe) is
 /// admitted at the whole budget: it is read alone.
 pub(super) fn estimate_pickle_bytes(path: &Path) -> Option<Estimate> {
+    // Bytes handed over in memory (the Python extension) are not a file to look into.
+    if crate::invocation::in_memory(path).is_some() {
+        return None;
+    }
     let mut f = File::open(path).ok()?;
     let meta = f.metadata().ok()?;
     if !meta.is_file() {

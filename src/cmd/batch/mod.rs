@@ -21,15 +21,14 @@ mod resume;
 mod rows;
 
 use std::collections::BTreeMap;
-use std::io::{self, IsTerminal};
 use std::path::PathBuf;
-use std::process::ExitCode;
 use std::sync::mpsc;
 
 use memsnap_model::printable;
 
 use crate::discovery::{Discovery, Input};
 use crate::emit::shown_path;
+use crate::exit::Exit;
 use crate::output;
 
 use budget::{default_budget, estimate_pickle_bytes, Estimate};
@@ -84,7 +83,7 @@ pub struct Args {
 /// How often the progress bar is brought up to date while files are being read.
 const PROGRESS_TICK: std::time::Duration = std::time::Duration::from_millis(200);
 
-pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+pub fn run(args: &Args) -> anyhow::Result<Exit> {
     crate::progress::per_file_off();
     let jobs = args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     anyhow::ensure!(jobs >= 1, "--jobs must be at least 1");
@@ -129,7 +128,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         .thread_name(|i| format!("memsnap-batch-{i}"))
         .build()?;
     // On a terminal only, and not when the rows themselves go to the same terminal.
-    let rows_on_terminal = to_stdout && io::stdout().is_terminal();
+    let rows_on_terminal = to_stdout && crate::emit::stdout_is_terminal();
     // The bar runs over stored bytes (what takes the time); the message counts files.
     let total_bytes: u64 = inputs
         .iter()
@@ -163,22 +162,23 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     // Inputs that outgrew their estimate, to be read again alone and without a cap.
     let mut again: Vec<usize> = Vec::new();
     let spawn = |index: usize, path: PathBuf, shown: String, cap: Option<u64>, cost: u64| {
-        let (tx, top) = (tx.clone(), args.top);
+        let (tx, top, invocation) = (tx.clone(), args.top, crate::invocation::current());
         pool.spawn(move || {
-            let outcome =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| analyze_row(&path, shown.clone(), top, cap)))
-                    .unwrap_or_else(|panic| {
-                        let what = panic
-                            .downcast_ref::<&str>()
-                            .map(|s| s.to_string())
-                            .or_else(|| panic.downcast_ref::<String>().cloned())
-                            .unwrap_or_default();
-                        Outcome::Row(Row {
-                            path: shown,
-                            file_bytes: None,
-                            result: Err(format!("internal error (a bug in memsnap): {what}")),
-                        })
-                    });
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                crate::invocation::within(invocation, || analyze_row(&path, shown.clone(), top, cap))
+            }))
+            .unwrap_or_else(|panic| {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                Outcome::Row(Row {
+                    path: shown,
+                    file_bytes: None,
+                    result: Err(format!("internal error (a bug in memsnap): {what}")),
+                })
+            });
             let _ = tx.send((index, outcome, cost));
         });
     };
@@ -281,6 +281,8 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         ),
         None => String::new(),
     };
-    eprintln!("memsnap batch: {written} rows ({errors} unreadable) written to {out_name}{kept}{skipped}");
-    Ok(if errors > 0 { ExitCode::from(2) } else { ExitCode::SUCCESS })
+    crate::emit::stderr_line(&format!(
+        "memsnap batch: {written} rows ({errors} unreadable) written to {out_name}{kept}{skipped}"
+    ));
+    Ok(if errors > 0 { Exit::UNREADABLE } else { Exit::SUCCESS })
 }

@@ -17,7 +17,7 @@ use crate::output::{self, Destination};
 
 /// Where the rows go.
 pub(super) enum Sink {
-    Stdout(BufWriter<io::Stdout>),
+    Stdout(BufWriter<crate::emit::Stdout>),
     /// A device or descriptor name (`/dev/stdout`), written in place.
     InPlace {
         file: File,
@@ -195,7 +195,7 @@ pub(super) fn open_output(
     let Some(p) = args.output.as_ref().filter(|p| p.as_os_str() != "-") else {
         anyhow::ensure!(args.format != Some(Format::Parquet), "{PARQUET_NEEDS_A_FILE} to stdout");
         anyhow::ensure!(!args.resume, "--resume needs -o FILE: rows written to stdout cannot be resumed");
-        let mut sink = Sink::Stdout(BufWriter::new(io::stdout()));
+        let mut sink = Sink::Stdout(BufWriter::new(crate::emit::Stdout));
         let format = args.format.unwrap_or(Format::Jsonl);
         if format == Format::Csv {
             sink.write(&csv_header())?;
@@ -228,7 +228,10 @@ pub(super) fn open_output(
             let partial = output::partial_path(p);
             let reopened = if args.resume { reopen_partial(&partial, format, &keys_of(format))? } else { None };
             if args.resume && reopened.is_none() {
-                eprintln!("memsnap batch: no {} to resume: reading every input", shown_path(&partial));
+                crate::emit::stderr_line(&format!(
+                    "memsnap batch: no {} to resume: reading every input",
+                    shown_path(&partial)
+                ));
             }
             let (file, has_header, resumed) = match reopened {
                 Some(r) => r,

@@ -15,13 +15,13 @@ mod runs;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
 use memsnap_analysis::{Category, DeviceAnalysis, Moment, Site, Suspect};
 use memsnap_model::printable;
 use serde_json::{json, Value};
 
 use crate::emit::{emit, emit_json, shown_path};
+use crate::exit::Exit;
 use crate::json::site_json;
 use crate::json::suspect_json;
 use crate::pipeline::{analyze_file, Analyzed};
@@ -44,7 +44,7 @@ pub struct Args {
     pub top: usize,
 }
 
-pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+pub fn run(args: &Args) -> anyhow::Result<Exit> {
     let (before_dir, after_dir) = (args.before.is_dir(), args.after.is_dir());
     if before_dir || after_dir {
         anyhow::ensure!(
@@ -60,7 +60,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         "only one of BEFORE and AFTER can be `-` (stdin)"
     );
     // Both files are read at once; an error in BEFORE is reported first whatever finishes first.
-    let (before, after) = rayon::join(|| analyze_file(&args.before), || analyze_file(&args.after));
+    let (before, after) = crate::invocation::join(|| analyze_file(&args.before), || analyze_file(&args.after));
     let (before, after) = (before?, after?);
     let d = compare(&before, &after);
     if args.json {
@@ -70,7 +70,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     } else {
         emit(&diff_text(&d, &args.before, &args.after, args.top))?;
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::SUCCESS)
 }
 
 /// What a diff of two runs shows of one rank's pair of files: the whole two-file diff as JSON,

@@ -6,13 +6,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::Path;
-use std::process::ExitCode;
 
 use memsnap_model::{plural, printable};
 use serde_json::{json, Value};
 
 use super::{summary, Summary};
 use crate::emit::{emit, emit_json, shown_path};
+use crate::exit::Exit;
 use crate::job::names::Iteration;
 use crate::job::{analyze_guarded, map_in_chunks, members, Member};
 use crate::size::{format, format_change};
@@ -46,7 +46,7 @@ fn iteration_list(set: &BTreeSet<Option<&Iteration>>) -> String {
         .join(", ")
 }
 
-pub fn run(before: &Path, after: &Path, json: bool) -> anyhow::Result<ExitCode> {
+pub fn run(before: &Path, after: &Path, json: bool) -> anyhow::Result<Exit> {
     crate::progress::per_file_off();
     let (b, _) = members(&[before.to_path_buf()])?;
     let (a, _) = members(&[after.to_path_buf()])?;
@@ -88,7 +88,7 @@ pub fn run(before: &Path, after: &Path, json: bool) -> anyhow::Result<ExitCode> 
         }
     }
     let compared: Vec<Compared> = map_in_chunks(&both, |(key, b, a)| {
-        let (rb, ra) = rayon::join(|| analyze_guarded(&b.path), || analyze_guarded(&a.path));
+        let (rb, ra) = crate::invocation::join(|| analyze_guarded(&b.path), || analyze_guarded(&a.path));
         let result = match (rb, ra) {
             (Ok(rb), Ok(ra)) => Ok(summary(&rb, &ra, &b.path, &a.path)),
             (Err(e), _) => Err(format!("{}: {e}", b.shown)),
@@ -107,11 +107,11 @@ pub fn run(before: &Path, after: &Path, json: bool) -> anyhow::Result<ExitCode> 
     let mut any = false;
     for c in &compared {
         if let Err(e) = &c.result {
-            eprintln!("memsnap: error: {}", printable(e));
+            crate::emit::stderr_line(&format!("memsnap: error: {}", printable(e)));
             any = true;
         }
     }
-    Ok(if any { ExitCode::from(2) } else { ExitCode::SUCCESS })
+    Ok(if any { Exit::UNREADABLE } else { Exit::SUCCESS })
 }
 
 fn member_place(m: &Member) -> String {

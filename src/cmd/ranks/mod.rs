@@ -11,11 +11,11 @@ mod compare;
 mod output;
 
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 use memsnap_model::printable;
 
 use crate::emit::{emit, emit_json};
+use crate::exit::Exit;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -30,7 +30,7 @@ pub struct Args {
     pub json: bool,
 }
 
-pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+pub fn run(args: &Args) -> anyhow::Result<Exit> {
     crate::progress::per_file_off();
     let (members, skipped) = crate::job::members(&args.paths)?;
     let rows = compare::analyze_members(&members);
@@ -43,25 +43,25 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         emit(&output::text(&rows, &groups))?;
     }
     if skipped > 0 {
-        eprintln!(
+        crate::emit::stderr_line(&format!(
             "memsnap ranks: {} in the directories skipped (not named like a snapshot, or not a regular file)",
             memsnap_model::plural(skipped as u64, "other file", "other files")
-        );
+        ));
     }
     Ok(report_unreadable(rows.iter().filter_map(|r| r.result.as_ref().err().map(|e| (&r.member.shown, e)))))
 }
 
 /// One error line per unreadable file on stderr (its row already says so on stdout), and exit
 /// code 2 when there was any: every other file was analysed, but the job was not read whole.
-fn report_unreadable<'a>(errors: impl Iterator<Item = (&'a String, &'a String)>) -> ExitCode {
+fn report_unreadable<'a>(errors: impl Iterator<Item = (&'a String, &'a String)>) -> Exit {
     let mut any = false;
     for (file, e) in errors {
-        eprintln!("memsnap: error: {}", printable(&format!("{file}: {e}")));
+        crate::emit::stderr_line(&format!("memsnap: error: {}", printable(&format!("{file}: {e}"))));
         any = true;
     }
     if any {
-        ExitCode::from(2)
+        Exit::UNREADABLE
     } else {
-        ExitCode::SUCCESS
+        Exit::SUCCESS
     }
 }
