@@ -74,7 +74,7 @@ fn recorded_lines(path: &Path) -> BTreeSet<(String, u32)> {
     // Allocation stacks: of alloc events, and of the blocks in the dump's segment table.
     let mut stacks: BTreeSet<memsnap_model::StackId> = BTreeSet::new();
     for t in &snap.traces {
-        stacks.extend(t.events.iter().filter(|e| e.action == memsnap_model::Action::Alloc).map(|e| e.stack));
+        stacks.extend(t.events.iter().filter(|e| e.action() == memsnap_model::Action::Alloc).map(|e| e.stack));
     }
     stacks.extend(snap.segments.iter().flat_map(|s| s.blocks.iter().map(|b| b.stack)));
     stacks
