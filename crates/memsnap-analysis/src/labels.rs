@@ -61,8 +61,11 @@ impl Annotations {
     pub fn of(snap: &Snapshot, events: &[TraceEvent]) -> Annotations {
         let mut by_address: HashMap<u64, Vec<(u32, StrId)>> = HashMap::new();
         for (i, e) in events.iter().enumerate() {
+            if e.action() != Action::Annotate {
+                continue;
+            }
             let text = snap.context(e).user_metadata;
-            if e.action() == Action::Annotate && text != StrId::EMPTY {
+            if text != StrId::EMPTY {
                 by_address.entry(e.addr).or_default().push((i as u32, text));
             }
         }
