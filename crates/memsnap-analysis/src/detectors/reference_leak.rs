@@ -15,9 +15,11 @@
 //! With no trace at all (state-only recordings) it reads the dump: many live blocks from one line.
 //! Near misses: the last step's tensors alive at the dump; a bounded cache that evicts.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use memsnap_model::{FrameId, StackId};
+use rayon::prelude::*;
+use rustc_hash::FxHashMap;
 
 use super::{Context, Detector, Finding};
 use crate::attribution::Attr;
@@ -26,13 +28,13 @@ use crate::lifecycle::{BlockFate, UnitFate};
 
 pub struct ReferenceLeak;
 
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Key {
     Line(Option<FrameId>, Origin),
     Unattributed,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Origin {
     Trained,
     NoGrad,
@@ -43,10 +45,90 @@ enum Origin {
 #[derive(Default)]
 struct Group {
     blocks: Vec<usize>,
-    kept: BTreeSet<usize>,
-    eligible: BTreeSet<usize>,
+    /// Occurrences (iterations or passes) that left a block allocated, and all occurrences the
+    /// line allocated in: each pushed when it differs from the last one pushed (blocks come in
+    /// runs of one occurrence), made distinct and sorted by [`Groups::finish`].
+    kept: Vec<usize>,
+    eligible: Vec<usize>,
     largest: (u64, StackId),
     pass_occurrences: bool,
+}
+
+/// Push `x` unless it is the last element already.
+fn push_new(v: &mut Vec<usize>, x: usize) {
+    if v.last() != Some(&x) {
+        v.push(x);
+    }
+}
+
+/// Groups by key, as a table with a hash index: millions of blocks are added one by one, nearly
+/// always to the group of the block before, so the last group found is tried first.
+#[derive(Default)]
+struct Groups {
+    table: Vec<(Key, Group)>,
+    index: FxHashMap<Key, usize>,
+    last: Option<usize>,
+}
+
+impl Groups {
+    fn get(&mut self, key: Key) -> &mut Group {
+        let at = match self.last.filter(|&i| self.table[i].0 == key) {
+            Some(i) => i,
+            None => {
+                let next = self.table.len();
+                let i = *self.index.entry(key).or_insert(next);
+                if i == next {
+                    self.table.push((key, Group::default()));
+                }
+                i
+            }
+        };
+        self.last = Some(at);
+        &mut self.table[at].1
+    }
+
+    /// Add block `bi` of `size` bytes, allocated in occurrence `occ`; `kept`: still allocated
+    /// where it should have been let go.
+    #[allow(clippy::too_many_arguments)]
+    fn add(&mut self, key: Key, bi: usize, size: u64, occ: usize, kept: bool, pass: bool, stack: StackId) {
+        let g = self.get(key);
+        push_new(&mut g.eligible, occ);
+        g.pass_occurrences = pass;
+        if kept {
+            push_new(&mut g.kept, occ);
+            g.blocks.push(bi);
+            if size > g.largest.0 {
+                g.largest = (size, stack);
+            }
+        }
+    }
+
+    /// These groups followed by `later`'s, as if `later`'s blocks had been added after these.
+    fn then(mut self, later: Groups) -> Groups {
+        for (key, l) in later.table {
+            let g = self.get(key);
+            g.blocks.extend(l.blocks);
+            g.kept.extend(l.kept);
+            g.eligible.extend(l.eligible);
+            if l.largest.0 > g.largest.0 {
+                g.largest = l.largest;
+            }
+            g.pass_occurrences = l.pass_occurrences;
+        }
+        self
+    }
+
+    /// The groups in key order, with distinct, ascending occurrences.
+    fn finish(mut self) -> Vec<(Key, Group)> {
+        for (_, g) in &mut self.table {
+            for v in [&mut g.kept, &mut g.eligible] {
+                v.sort_unstable();
+                v.dedup();
+            }
+        }
+        self.table.sort_by_key(|(k, _)| *k);
+        self.table
+    }
 }
 
 impl Detector for ReferenceLeak {
@@ -61,82 +143,84 @@ impl Detector for ReferenceLeak {
             return state_only(cx);
         }
         let lc = cx.lifecycle;
-        let mut groups: BTreeMap<Key, Group> = BTreeMap::new();
-        let mut add = |key: Key, bi: usize, occ: usize, kept: bool, pass: bool, stack: StackId| {
-            let g = groups.entry(key).or_default();
-            g.eligible.insert(occ);
-            g.pass_occurrences = pass;
-            if kept {
-                g.kept.insert(occ);
-                g.blocks.push(bi);
-                let size = cx.replay.blocks[bi].size;
-                if size > g.largest.0 {
-                    g.largest = (size, stack);
-                }
-            }
-        };
+        // Blocks are grouped in parallel runs merged in order, so every group lists its blocks in
+        // the order of a sequential pass: forward passes' blocks first, then the others.
         // Forward passes whose graphs no longer hold their tensors.
-        for (u, unit) in lc.units.iter().enumerate() {
-            let origin = match unit.fate {
-                UnitFate::Consumed { .. } => Origin::Trained,
-                UnitFate::Unconsumed if !unit.grad_on => Origin::NoGrad,
-                _ => continue,
-            };
-            let last_op =
-                cx.phases.forwards[unit.pass].last_alloc.map(|la| cx.stacks.get(cx.events[la as usize].stack));
-            for ub in &lc.blocks[u] {
-                let b = &cx.replay.blocks[ub.block];
-                let stack = cx.event_stack(b);
-                let info = cx.stacks.get(stack);
-                // A kept model output is fixed where the model is called; an intermediate where
-                // the model's code made it.
-                let output = ub.in_pass
-                    && last_op.is_some_and(|l| {
-                        l.innermost_python.is_some()
-                            && l.innermost_python == info.innermost_python
-                            && l.module_call == info.module_call
-                    });
-                let line = if !ub.in_pass {
-                    info.site
-                } else if output {
-                    unit.call_site.or(info.site)
-                } else {
-                    info.module_call.or(info.site)
+        let in_passes = lc
+            .units
+            .par_iter()
+            .enumerate()
+            .fold(Groups::default, |mut groups, (u, unit)| {
+                let origin = match unit.fate {
+                    UnitFate::Consumed { .. } => Origin::Trained,
+                    UnitFate::Unconsumed if !unit.grad_on => Origin::NoGrad,
+                    _ => return groups,
                 };
-                let (occ, pass) = match origin {
-                    Origin::NoGrad => (u, true),
-                    _ => match cx.iteration_of(b) {
-                        Some(it) => (it, false),
-                        None => continue,
-                    },
-                };
-                add(Key::Line(line, origin), ub.block, occ, ub.fate == BlockFate::Kept, pass, stack);
-            }
-        }
+                let last_op =
+                    cx.phases.forwards[unit.pass].last_alloc.map(|la| cx.stacks.get(cx.events[la as usize].stack));
+                for ub in &lc.blocks[u] {
+                    let b = &cx.replay.blocks[ub.block];
+                    let stack = cx.event_stack(b);
+                    let info = cx.stacks.get(stack);
+                    // A kept model output is fixed where the model is called; an intermediate
+                    // where the model's code made it.
+                    let output = ub.in_pass
+                        && last_op.is_some_and(|l| {
+                            l.innermost_python.is_some()
+                                && l.innermost_python == info.innermost_python
+                                && l.module_call == info.module_call
+                        });
+                    let line = if !ub.in_pass {
+                        info.site
+                    } else if output {
+                        unit.call_site.or(info.site)
+                    } else {
+                        info.module_call.or(info.site)
+                    };
+                    let (occ, pass) = match origin {
+                        Origin::NoGrad => (u, true),
+                        _ => match cx.iteration_of(b) {
+                            Some(it) => (it, false),
+                            None => continue,
+                        },
+                    };
+                    let kept = ub.fate == BlockFate::Kept;
+                    groups.add(Key::Line(line, origin), ub.block, b.size, occ, kept, pass, stack);
+                }
+                groups
+            })
+            .reduce(Groups::default, Groups::then);
         // Tensors outside forward passes.
         let gradient_lines: Vec<Option<FrameId>> =
             cx.kept_backward_groups().iter().filter(|g| g.gradient_like).map(|g| g.line).collect();
-        for (bi, b) in cx.replay.blocks.iter().enumerate() {
-            if lc.unit_of(bi).is_some() {
-                continue;
-            }
-            let Some(it) = cx.iteration_of(b) else { continue };
-            let stack = cx.event_stack(b);
-            let info = cx.stacks.get(stack);
-            let key = match cx.attr(b) {
-                Attr::Backward(line) if !gradient_lines.contains(&line) => Key::Line(line, Origin::Backward),
-                Attr::Site(s) if !info.optimizer && !info.forward && !info.construction && !info.recompute => {
-                    Key::Line(Some(s), Origin::User)
+        let outside = cx
+            .replay
+            .blocks
+            .par_iter()
+            .enumerate()
+            .fold(Groups::default, |mut groups, (bi, b)| {
+                if lc.unit_of(bi).is_some() {
+                    return groups;
                 }
-                Attr::NoFrames => Key::Unattributed,
-                _ => continue,
-            };
-            let kept = b.freed_at().is_none();
-            add(key, bi, it, kept, false, stack);
-        }
+                let Some(it) = cx.iteration_of(b) else { return groups };
+                let stack = cx.event_stack(b);
+                let info = cx.stacks.get(stack);
+                let key = match cx.attr(b) {
+                    Attr::Backward(line) if !gradient_lines.contains(&line) => Key::Line(line, Origin::Backward),
+                    Attr::Site(s) if !info.optimizer && !info.forward && !info.construction && !info.recompute => {
+                        Key::Line(Some(s), Origin::User)
+                    }
+                    Attr::NoFrames => Key::Unattributed,
+                    _ => return groups,
+                };
+                groups.add(key, bi, b.size, it, b.freed_at().is_none(), false, stack);
+                groups
+            })
+            .reduce(Groups::default, Groups::then);
+        let groups = in_passes.then(outside);
 
         let mut out = Vec::new();
-        for (key, g) in groups {
+        for (key, g) in groups.finish() {
             if !cx.is_growth(g.kept.len(), g.eligible.len()) {
                 continue;
             }
@@ -154,7 +238,7 @@ impl Detector for ReferenceLeak {
             };
             let occurrence = if g.pass_occurrences { Occurrence::Pass } else { Occurrence::Iteration };
             let boundaries = if g.pass_occurrences || cx.phases.boundaries.len() < 2 {
-                lc.units.iter().filter(|u| g.eligible.contains(&u.pass)).map(|u| u.span.start).collect()
+                lc.units.iter().filter(|u| g.eligible.binary_search(&u.pass).is_ok()).map(|u| u.span.start).collect()
             } else {
                 cx.iteration_boundaries()
             };
