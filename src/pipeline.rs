@@ -13,6 +13,8 @@ pub struct Analyzed {
     pub loaded: Loaded,
     pub replay: Replay,
     pub analysis: Analysis,
+    /// What the file lacks ([`lacks`]).
+    pub file_caveats: Vec<String>,
 }
 
 pub fn analyze_file(path: &std::path::Path) -> Result<Analyzed, crate::load::LoadError> {
@@ -22,12 +24,17 @@ pub fn analyze_file(path: &std::path::Path) -> Result<Analyzed, crate::load::Loa
 /// [`analyze_file`] of an input held to `cap` pickle bytes (see [`crate::load::load_capped`]).
 pub fn analyze_file_capped(path: &std::path::Path, cap: Option<u64>) -> Result<Analyzed, crate::load::LoadError> {
     let loaded = crate::load::load_capped(path, cap)?;
+    let snap = &loaded.snapshot;
     let phase = crate::progress::phase("replaying the allocator");
-    let replay = memsnap_replay::replay(&loaded.snapshot);
+    // What needs no replay (phases, labels, the file's caveats) is found while it runs.
+    let ((replay, prepared), file_caveats) = rayon::join(
+        || rayon::join(|| memsnap_replay::replay(snap), || memsnap_analysis::Prepared::new(snap)),
+        || lacks(snap),
+    );
     phase.set_message("analysing");
-    let analysis = memsnap_analysis::analyze(&loaded.snapshot, &replay);
+    let analysis = memsnap_analysis::analyze_prepared(snap, &replay, prepared, &memsnap_analysis::Thresholds::DEFAULT);
     phase.finish_and_clear();
-    Ok(Analyzed { loaded, replay, analysis })
+    Ok(Analyzed { loaded, replay, analysis, file_caveats })
 }
 
 /// The numbers of one device that batch rows, check gates and diff share.

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use crate::emit::{emit, shown_path};
 use crate::exit::Exit;
 use crate::json::{site_json, suspect_json};
-use crate::pipeline::{analyze_file, file_name, lacks, Analyzed};
+use crate::pipeline::{analyze_file, file_name, Analyzed};
 use crate::text::{category_title, fmt_bytes, since_start, trace_origin, wrap, wrap_width};
 
 #[derive(clap::Args)]
@@ -171,7 +171,7 @@ fn write_analysis_json(out: &mut dyn std::io::Write, a: &Analyzed) -> std::io::R
         "pickle_protocol": snap.source.protocol,
         "producer": snap.source.producer.name(),
         "suspects": a.analysis.suspects().into_iter().map(suspect_json).collect::<Vec<_>>(),
-        "caveats": lacks(snap),
+        "caveats": a.file_caveats,
     });
     let fields = fields.as_object().expect("an object");
     crate::json_stream::write_pretty(out, fields, "devices", a.analysis.devices.len(), &device)
@@ -347,7 +347,7 @@ fn analysis_text(a: &Analyzed, top: usize, by: By) -> String {
             }
         }
     }
-    let file_caveats = lacks(snap);
+    let file_caveats = &a.file_caveats;
     if !file_caveats.is_empty() {
         let _ = writeln!(s, "\nFILE CAVEATS");
         for c in file_caveats {

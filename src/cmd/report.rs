@@ -11,7 +11,7 @@ use memsnap_report::{ReportInput, ReportOptions};
 use crate::exit::Exit;
 use crate::output::{write_output, Content};
 use crate::pipeline::analyze_file;
-use crate::pipeline::{file_name, lacks};
+use crate::pipeline::file_name;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
@@ -96,7 +96,7 @@ fn focus(a: &crate::pipeline::Analyzed, moments: &[crate::moment::At]) -> anyhow
 pub fn run(args: &Args) -> anyhow::Result<Exit> {
     let format = format_of(&args.output, args.format)?;
     let a = analyze_file(&args.snapshot.file)?;
-    let caveats = lacks(&a.loaded.snapshot);
+    let caveats = a.file_caveats.clone();
     let name = file_name(&a.loaded.path);
     let input = ReportInput {
         snapshot: &a.loaded.snapshot,

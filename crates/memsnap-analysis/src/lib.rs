@@ -131,16 +131,65 @@ pub fn analyze(snap: &Snapshot, replay: &Replay) -> Analysis {
 
 /// [`analyze`] with other thresholds (tests mutate them to show each one matters).
 pub fn analyze_with(snap: &Snapshot, replay: &Replay, thresholds: &Thresholds) -> Analysis {
-    let stacks = StackTable::new(snap);
+    analyze_prepared(snap, replay, Prepared::new(snap), thresholds)
+}
+
+/// What the analysis reads of the trace alone, without the replay: the stack table and each
+/// device's phases and label spans. A caller that replays can build it side by side with the
+/// replay (`rayon::join`) and hand it to [`analyze_prepared`].
+pub struct Prepared {
+    stacks: StackTable,
+    /// By device, ascending: phases and label spans of its trace (empty without one).
+    devices: BTreeMap<u32, (Phases, Vec<LabelSpan>)>,
+}
+
+impl Prepared {
+    pub fn new(snap: &Snapshot) -> Prepared {
+        let stacks = StackTable::new(snap);
+        let annotations = snap.annotations_by_device();
+        let devices = snap
+            .device_ids()
+            .par_iter()
+            .map(|&device| {
+                let annotations = annotations.get(&device).map_or(&[][..], |a| &a[..]);
+                (device, Prepared::device(snap, &stacks, device, annotations))
+            })
+            .collect();
+        Prepared { stacks, devices }
+    }
+
+    fn device(
+        snap: &Snapshot,
+        stacks: &StackTable,
+        device: u32,
+        annotations: &[memsnap_model::Annotation],
+    ) -> (Phases, Vec<LabelSpan>) {
+        let events = snap.trace(device).map_or(&[][..], |tr| &tr.events[..]);
+        rayon::join(|| find_phases(events, stacks, annotations), || label_spans(snap, events))
+    }
+}
+
+/// [`analyze_with`] on what [`Prepared::new`] made of the same snapshot.
+pub fn analyze_prepared(snap: &Snapshot, replay: &Replay, prepared: Prepared, thresholds: &Thresholds) -> Analysis {
+    let Prepared { stacks, mut devices } = prepared;
     let totals = snap.device_totals();
-    let annotations = snap.annotations_by_device();
-    let devices = replay
+    let mut work: Vec<(&DeviceReplay, Phases, Vec<LabelSpan>)> = replay
         .devices
-        .par_iter()
+        .iter()
         .map(|d| {
+            // A replay of the same snapshot has the same devices; any other is prepared here.
+            let (phases, labels) = devices.remove(&d.device).unwrap_or_else(|| {
+                let annotations = snap.annotations_by_device().remove(&d.device).unwrap_or_default();
+                Prepared::device(snap, &stacks, d.device, &annotations)
+            });
+            (d, phases, labels)
+        })
+        .collect();
+    let devices = work
+        .par_drain(..)
+        .map(|(d, phases, labels)| {
             let t = memsnap_model::find_device(&totals, d.device, |t| t.device);
-            let annotations = annotations.get(&d.device).map_or(&[][..], |a| &a[..]);
-            analyze_device(snap, &stacks, d, t, annotations, thresholds)
+            analyze_device(snap, &stacks, d, t, phases, labels, thresholds)
         })
         .collect();
     Analysis { devices, stacks }
@@ -212,16 +261,25 @@ fn analyze_device(
     stacks: &StackTable,
     d: &DeviceReplay,
     totals: Option<&memsnap_model::DeviceTotals>,
-    annotations: &[memsnap_model::Annotation],
+    phases: Phases,
+    labels: Vec<LabelSpan>,
     thresholds: &Thresholds,
 ) -> DeviceAnalysis {
     let events = snap.trace(d.device).map_or(&[][..], |tr| &tr.events[..]);
-    let phases = find_phases(events, stacks, annotations);
     let peak_t = d.peaks.allocated.event_index.map(|i| i as u32);
     let end_t = if events.is_empty() { None } else { Some(events.len() as u32 - 1) };
-    let (peak, peak_blocks) = moment(snap, stacks, &phases, d, peak_t);
-    let (end, end_blocks) =
-        if events.is_empty() { (peak.clone(), peak_blocks.clone()) } else { moment(snap, stacks, &phases, d, end_t) };
+    // The two moments and the lifecycle read the replay and the phases only: side by side.
+    let (((peak, peak_blocks), (end, end_blocks)), lifecycle) = rayon::join(
+        || {
+            if events.is_empty() {
+                let (peak, peak_blocks) = moment(snap, stacks, &phases, d, peak_t);
+                ((peak.clone(), peak_blocks.clone()), (peak, peak_blocks))
+            } else {
+                rayon::join(|| moment(snap, stacks, &phases, d, peak_t), || moment(snap, stacks, &phases, d, end_t))
+            }
+        },
+        || lifecycle::lifecycle(events, stacks, &phases, d, thresholds),
+    );
     let mut caveats = Vec::new();
     if events.is_empty() {
         caveats
@@ -259,7 +317,6 @@ fn analyze_device(
             ));
         }
     }
-    let lifecycle = lifecycle::lifecycle(events, stacks, &phases, d, thresholds);
     let peak_known = events.iter().any(|e| e.action() == memsnap_model::Action::Alloc);
     let cx = detectors::Context {
         snap,
@@ -297,7 +354,7 @@ fn analyze_device(
         forward_passes: phases.forwards.len(),
         eval_windows: phases.eval_windows.clone(),
         optimizer_steps: phases.optimizer_steps.len(),
-        labels: label_spans(snap, events),
+        labels,
     };
     DeviceAnalysis {
         device: d.device,

@@ -12,7 +12,6 @@ use serde_json::{json, Value};
 use super::Format;
 use crate::load::LoadError;
 use crate::pipeline::analyze_file_capped;
-use crate::pipeline::lacks;
 use crate::pipeline::{device_figures, DeviceFigures};
 
 /// The reason a file could not be loaded, without the path (the row already says it).
@@ -60,7 +59,7 @@ pub(super) fn analyze_row(path: &Path, shown: String, top: usize, cap: Option<u6
     Outcome::Row(match analyze_file_capped(path, cap) {
         Ok(a) => {
             let suspects = a.analysis.suspects();
-            let mut caveats = lacks(&a.loaded.snapshot);
+            let mut caveats = a.file_caveats.clone();
             for da in &a.analysis.devices {
                 caveats.extend(da.caveats.iter().map(|c| format!("device {}: {c}", da.device)));
             }

@@ -24,9 +24,9 @@ use crate::emit::{emit, emit_json, shown_path};
 use crate::exit::Exit;
 use crate::json::site_json;
 use crate::json::suspect_json;
+use crate::pipeline::file_name;
 use crate::pipeline::{analyze_file, Analyzed};
 use crate::pipeline::{device_figures, DeviceFigures};
-use crate::pipeline::{file_name, lacks};
 use crate::size;
 use crate::text::{category_title, site_label};
 
@@ -373,7 +373,7 @@ fn file_json(path: &Path, a: &Analyzed) -> Value {
         "file": file_name(path),
         "pickle_bytes": a.loaded.pickle_bytes,
         "devices": a.analysis.devices.iter().map(|d| d.device).collect::<Vec<_>>(),
-        "caveats": lacks(&a.loaded.snapshot),
+        "caveats": a.file_caveats,
     })
 }
 
