@@ -43,6 +43,7 @@ pub(crate) fn replay_device(snapshot: &Snapshot, device: u32, final_indices: &[u
     let mut log = Log::default();
 
     let segment_events: Vec<u32> = (0..events.len() as u32)
+        .into_par_iter()
         .filter(|&i| {
             matches!(
                 events[i as usize].action(),
@@ -159,42 +160,93 @@ fn route(
         units.push(u);
     }
 
-    // Units whose memory is reserved now, by start address: (start, end, unit).
+    // Units whose memory is reserved now, by start address: (start, end, unit). Only segment
+    // allocations and frees change it: a walk over those alone decides them (and creates their
+    // units), then every other event is routed in parallel, each chunk of events from the set of
+    // units reserved at its start.
     let mut live: Vec<(u64, u64, u32)> = units.iter().enumerate().map(|(k, u)| (u.start, u.end, k as u32)).collect();
     live.sort_unstable();
-    let mut owner = vec![NO_UNIT; events.len()];
-    for (i, e) in events.iter().enumerate() {
+    let chunk_len = events.len().div_ceil(rayon::current_num_threads() * ROUTE_CHUNKS_PER_THREAD).max(MIN_ROUTE_CHUNK);
+    let mut starts: Vec<Vec<(u64, u64, u32)>> = Vec::new();
+    // What each segment allocation or free did, in event order: (event, change of `live`).
+    let mut changes: Vec<(u32, LiveChange)> = Vec::new();
+    let mut seg_log = Log::default();
+    for &i in segment_events {
+        let e = &events[i as usize];
+        while starts.len() * chunk_len <= i as usize {
+            starts.push(live.clone());
+        }
         match e.action() {
-            Action::Alloc
-            | Action::FreeRequested
-            | Action::FreeCompleted
-            | Action::SegmentMap
-            | Action::SegmentUnmap => match find(&live, e.addr) {
-                Some(k) => owner[i] = live[k].2,
-                None => log.push(Some(i), e.addr, DiagnosticKind::OutsideSegments),
-            },
             Action::SegmentAlloc => {
                 let end = e.addr.saturating_add(e.size);
                 let at = live.partition_point(|l| l.0 < e.addr);
                 let clashes = (at > 0 && live[at - 1].1 > e.addr) || (at < live.len() && live[at].0 < end);
                 if clashes {
-                    log.push(Some(i), e.addr, DiagnosticKind::SegmentOverlaps);
+                    seg_log.push(Some(i as usize), e.addr, DiagnosticKind::SegmentOverlaps);
                     continue;
                 }
-                owner[i] = units.len() as u32;
-                live.insert(at, (e.addr, end, units.len() as u32));
+                let entry = (e.addr, end, units.len() as u32);
+                live.insert(at, entry);
+                changes.push((i, LiveChange::Insert(at, entry)));
                 units.push(new_unit(e.addr, end, false, Meta::of_event(snapshot, e)));
             }
             Action::SegmentFree => match find(&live, e.addr) {
                 Some(k) if live[k].0 == e.addr && !units[live[k].2 as usize].expandable => {
-                    owner[i] = live[k].2;
+                    changes.push((i, LiveChange::Remove(k)));
                     live.remove(k);
                 }
-                _ => log.push(Some(i), e.addr, DiagnosticKind::OutsideSegments),
+                _ => seg_log.push(Some(i as usize), e.addr, DiagnosticKind::OutsideSegments),
             },
-            Action::Snapshot | Action::Oom | Action::Annotate | Action::Other => {}
+            // Mappings change no unit: routed below.
+            _ => {}
         }
     }
+    while starts.len() * chunk_len < events.len() {
+        starts.push(live.clone());
+    }
+    let mut owner = vec![NO_UNIT; events.len()];
+    let mut routed: Vec<Log> = owner
+        .par_chunks_mut(chunk_len)
+        .zip(starts)
+        .enumerate()
+        .map(|(c, (owner, mut live))| {
+            let first = c * chunk_len;
+            let mut log = Log::default();
+            let mut next = changes.partition_point(|(i, _)| (*i as usize) < first);
+            for (k, e) in events[first..first + owner.len()].iter().enumerate() {
+                let i = first + k;
+                match e.action() {
+                    Action::Alloc
+                    | Action::FreeRequested
+                    | Action::FreeCompleted
+                    | Action::SegmentMap
+                    | Action::SegmentUnmap => match find(&live, e.addr) {
+                        Some(at) => owner[k] = live[at].2,
+                        None => log.push(Some(i), e.addr, DiagnosticKind::OutsideSegments),
+                    },
+                    Action::SegmentAlloc | Action::SegmentFree => {
+                        if let Some((_, change)) = changes.get(next).filter(|(j, _)| *j as usize == i) {
+                            match *change {
+                                LiveChange::Insert(at, entry) => {
+                                    owner[k] = entry.2;
+                                    live.insert(at, entry);
+                                }
+                                LiveChange::Remove(at) => {
+                                    owner[k] = live[at].2;
+                                    live.remove(at);
+                                }
+                            }
+                            next += 1;
+                        }
+                    }
+                    Action::Snapshot | Action::Oom | Action::Annotate | Action::Other => {}
+                }
+            }
+            log
+        })
+        .collect();
+    routed.push(seg_log);
+    log.append_interleaved(routed);
 
     // Dump-time segments belong to the units reserved at the end; their records are the best
     // description of the unit (pool id, segment type).
@@ -219,6 +271,19 @@ fn route(
 fn new_unit(start: u64, end: u64, expandable: bool, meta: Meta) -> Unit {
     Unit { start, end, expandable, meta, reserved_at_start: Vec::new(), finals: Vec::new(), event_count: 0 }
 }
+
+/// How a segment allocation or free changed the units reserved (positions in the sorted list).
+#[derive(Clone, Copy)]
+enum LiveChange {
+    Insert(usize, (u64, u64, u32)),
+    Remove(usize),
+}
+
+/// Events are routed in about this many chunks per thread (a chunk starts from its own copy of
+/// the reserved units, so chunks are few), and in chunks of at least [`MIN_ROUTE_CHUNK`] events
+/// (a short trace is one chunk).
+const ROUTE_CHUNKS_PER_THREAD: usize = 2;
+const MIN_ROUTE_CHUNK: usize = 1 << 16;
 
 /// The live unit whose range holds `addr`.
 fn find(live: &[(u64, u64, u32)], addr: u64) -> Option<usize> {

@@ -383,6 +383,20 @@ impl Log {
         self.count += other.count;
         self.kept.extend(other.kept);
     }
+
+    /// Logs of parts of one walk over the events (each in event order, kept by the same cap),
+    /// logged after these as the walk itself would have: the first ones in event order are
+    /// among the first ones of each part.
+    pub fn append_interleaved(&mut self, parts: Vec<Log>) {
+        let mut kept: Vec<Diagnostic> = Vec::new();
+        for p in parts {
+            self.count += p.count;
+            kept.extend(p.kept);
+        }
+        kept.sort_by_key(|d| d.event_index);
+        let room = MAX_DIAGNOSTICS.saturating_sub(self.kept.len());
+        self.kept.extend(kept.into_iter().take(room));
+    }
 }
 
 /// Everything replayed for one device.

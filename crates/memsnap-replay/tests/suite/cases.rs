@@ -272,3 +272,53 @@ fn series_values_far_from_their_chunk_start_are_exact() {
     assert_eq!(d.series.column(|t| t.active), vec![0, 8 * GIB, 8 * GIB, 0, 0]);
     assert_eq!(d.peaks.allocated.value, 8 * GIB);
 }
+
+#[test]
+fn long_traces_route_alike_on_any_thread_count() {
+    // Events are routed to segments in parallel chunks (of at least 65,536 events), each from
+    // the segments reserved at its start: a trace long enough for several chunks, whose
+    // segments come and go across their boundaries, with an allocation outside every segment
+    // in each cycle. Every cycle: segment_alloc, alloc (the whole segment), a stray alloc,
+    // free_requested, free_completed, segment_free; three segment addresses take turns.
+    const CYCLES: usize = 40_000;
+    const STRAY: u64 = 0x10_0000;
+    let size = 20 * MIB;
+    let mut events = Vec::with_capacity(CYCLES * 6);
+    for k in 0..CYCLES {
+        let a = BASE + (k % 3) as u64 * 32 * MIB;
+        events.push(ev(Action::SegmentAlloc, a, size));
+        events.push(ev(Action::Alloc, a, size));
+        events.push(ev(Action::Alloc, STRAY + k as u64 * 512, 512));
+        events.push(ev(Action::FreeRequested, a, size));
+        events.push(ev(Action::FreeCompleted, a, size));
+        events.push(ev(Action::SegmentFree, a, size));
+    }
+    let snapshot = Snapshot {
+        traces: vec![DeviceTrace { device: 0, events, summary: None }],
+        strings: vec![String::new()],
+        stacks: vec![Stack::default()],
+        ..Snapshot::default()
+    };
+    let on = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        pool.install(|| replay(&snapshot).devices.remove(0))
+    };
+    let d = on(4);
+    assert_eq!(d.diagnostic_count, CYCLES);
+    let stray: Vec<_> = d.diagnostics.iter().map(|x| (x.event_index, x.address, x.kind)).collect();
+    let expected: Vec<_> = (0..d.diagnostics.len())
+        .map(|k| (Some(k * 6 + 2), STRAY + k as u64 * 512, DiagnosticKind::OutsideSegments))
+        .collect();
+    assert!(!stray.is_empty());
+    assert_eq!(stray, expected);
+    let lives: Vec<_> = d.blocks.iter().map(|b| (b.address, b.alloc_event(), b.freed_at())).collect();
+    let expected: Vec<_> = (0..CYCLES)
+        .map(|k| (BASE + (k % 3) as u64 * 32 * MIB, Some(k as u32 * 6 + 1), Some(k as u32 * 6 + 3)))
+        .collect();
+    assert_eq!(lives, expected);
+    assert_eq!(d.peaks.allocated.value, size);
+    assert!(d.check.matches_snapshot, "{:?}", d.check.mismatches);
+    for threads in [1, 2, 3] {
+        assert!(on(threads) == d, "{threads} threads replay differently from 4");
+    }
+}
