@@ -248,9 +248,9 @@ pub fn lifecycle(
     let alive_after = |b: &memsnap_replay::BlockLifetime, t: u32| b.freed_at().is_none_or(|f| f > t);
 
     // Grad evidence and fates.
-    for (u, unit) in units.iter_mut().enumerate() {
+    units.par_iter_mut().zip(&members).zip(&consumer).for_each(|((unit, members), consumer)| {
         let last_pass_event = unit.pass_span.end.saturating_sub(1);
-        for &(bi, in_pass) in &members[u] {
+        for &(bi, in_pass) in members {
             let b = &d.blocks[bi];
             if in_pass {
                 unit.pass_blocks += 1;
@@ -263,7 +263,7 @@ pub fn lifecycle(
         unit.grad_on = unit.pass_blocks >= th.min_pass_blocks
             && unit.survived_pass >= th.min_saved_blocks
             && unit.survived_pass as f64 >= th.saved_fraction * unit.pass_blocks as f64;
-        unit.fate = match consumer[u] {
+        unit.fate = match *consumer {
             Some(bw) => UnitFate::Consumed { backward: bw },
             None => {
                 let next = phases.backwards.partition_point(|b| b.span.start < unit.span.end);
@@ -275,7 +275,7 @@ pub fn lifecycle(
                 }
             }
         };
-    }
+    });
 
     // Awaiting backward: unconsumed grad-on units after the last backward, when the trace ends at
     // an OOM, or when their call site trains.
@@ -306,7 +306,7 @@ pub fn lifecycle(
     }
 
     let blocks = members
-        .iter()
+        .par_iter()
         .enumerate()
         .map(|(u, m)| {
             let unit = &units[u];
@@ -344,8 +344,11 @@ fn private_pool_blocks(d: &DeviceReplay) -> Vec<bool> {
         .map(|s| (s.address, s.address.saturating_add(s.size)))
         .collect();
     ranges.sort_unstable();
+    if ranges.is_empty() {
+        return vec![false; d.blocks.len()];
+    }
     d.blocks
-        .iter()
+        .par_iter()
         .map(|b| {
             let k = ranges.partition_point(|r| r.0 <= b.address);
             k > 0 && b.address < ranges[k - 1].1
