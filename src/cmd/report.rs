@@ -116,11 +116,10 @@ pub fn run(args: &Args) -> anyhow::Result<Exit> {
     };
     let detail = memsnap_report::interactive::Detail { focus: focus(&a, &args.detail)? };
     let phase = crate::progress::phase("rendering the report");
-    let report = memsnap_report::build(&input, &opts);
     let text = match format {
-        Format::Html if args.static_page => report.html(),
-        Format::Html => memsnap_report::interactive::page_with(&input, &report, &detail),
-        Format::Svg => report.svg(),
+        Format::Html if args.static_page => memsnap_report::build(&input, &opts).html(),
+        Format::Html => memsnap_report::interactive::build_page(&input, &opts, &detail),
+        Format::Svg => memsnap_report::build(&input, &opts).svg(),
     };
     phase.finish_and_clear();
     write_output(&args.output, &text, Content::Markup)?;

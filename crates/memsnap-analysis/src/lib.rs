@@ -101,6 +101,9 @@ pub struct DeviceAnalysis {
     pub peak: Moment,
     pub end: Moment,
     pub phases: PhaseSummary,
+    /// The phases found in the trace, which `phases` summarises: for callers that attribute
+    /// blocks again (reports, other moments) without finding them anew.
+    pub trace_phases: Phases,
     pub caveats: Vec<String>,
     /// Live blocks at the peak, attributed (for flamegraphs and the report).
     pub peak_blocks: Vec<LiveBlock>,
@@ -363,6 +366,7 @@ fn analyze_device(
         peak,
         end,
         phases: phase_summary,
+        trace_phases: phases,
         caveats,
         peak_blocks,
         end_blocks,

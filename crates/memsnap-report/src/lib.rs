@@ -22,9 +22,7 @@ pub mod text;
 pub mod timeline;
 
 use memsnap_analysis::SuspectKind;
-use memsnap_analysis::{
-    find_phases, Analysis, Category, DeviceAnalysis, LiveBlock, MemoryGraph, Site, StackTable, Suspect,
-};
+use memsnap_analysis::{Analysis, Category, DeviceAnalysis, LiveBlock, MemoryGraph, Site, StackTable, Suspect};
 use memsnap_model::{classify_filename, clip, Action, FrameKind, Snapshot};
 use memsnap_replay::{DeviceReplay, Replay};
 use rayon::prelude::*;
@@ -217,15 +215,11 @@ pub fn live_folded(snap: &Snapshot, stacks: &StackTable, blocks: &[LiveBlock], m
 pub fn build(input: &ReportInput<'_>, opts: &ReportOptions) -> Report {
     let snap = input.snapshot;
     let analysis = input.analysis;
-    let annotations = snap.annotations_by_device();
     let devices: Vec<DeviceReport> = analysis
         .devices
         .par_iter()
         .filter_map(|da| input.replay.device(da.device).map(|d| (da, d)))
-        .map(|(da, d)| {
-            let annotations = annotations.get(&da.device).map_or(&[][..], |a| &a[..]);
-            device_report(snap, analysis, da, d, annotations, opts)
-        })
+        .map(|(da, d)| device_report(snap, analysis, da, d, opts))
         .collect();
     let events: usize = snap.traces.iter().map(|t| t.events.len()).sum();
     let subtitle = format!(
@@ -259,12 +253,11 @@ fn device_report(
     analysis: &Analysis,
     da: &DeviceAnalysis,
     d: &DeviceReplay,
-    annotations: &[memsnap_model::Annotation],
     opts: &ReportOptions,
 ) -> DeviceReport {
     let stacks = &analysis.stacks;
     let events = snap.trace(d.device).map_or(&[][..], |t| &t.events[..]);
-    let phases = find_phases(events, stacks, annotations);
+    let phases = &da.trace_phases;
 
     let timeline = timeline::sample(snap, stacks, &phases, d, da, opts.max_points, opts.top_sites, opts.x_axis)
         .map(|t| Figure::from_svg(timeline::render(&t, opts.width as u32), opts.width));

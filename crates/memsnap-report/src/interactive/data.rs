@@ -12,8 +12,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use memsnap_analysis::{
-    attr_label, attribute, categorize, find_phases, label_runs, Attr, Category, DeviceAnalysis, Phases, Site,
-    StackTable, Suspect,
+    attr_label, attribute, categorize, label_runs, Attr, Category, DeviceAnalysis, Phases, Site, StackTable, Suspect,
 };
 use memsnap_model::{classify_filename, clip, FrameId, FrameKind, Snapshot, StackId, StrId};
 use memsnap_replay::DeviceReplay;
@@ -303,7 +302,7 @@ fn device(
 ) -> (DeviceData, Vec<(usize, SuspectData)>) {
     let events = snap.trace(d.device).map_or(&[][..], |t| &t.events[..]);
     let n = events.len().min(d.series.len());
-    let phases = find_phases(events, stacks, annotations);
+    let phases = &da.trace_phases;
     let levels = pyramid::build(&d.series, n, TOP_BUCKETS, budgets.pyramid);
     let t0 = events[..n].iter().find(|e| e.has_time()).map(|e| e.time_us);
     let chosen = if n == 0 {

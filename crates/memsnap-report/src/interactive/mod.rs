@@ -32,7 +32,7 @@ mod pyramid;
 mod tests;
 
 pub use data::{Detail, PageData};
-pub use page::{page, page_with};
+pub use page::{build_page, page, page_with};
 
 /// Buckets of the coarsest pyramid level at most: about two per pixel of a wide screen, so the
 /// whole run is drawn from one level without losing a peak between pixels.

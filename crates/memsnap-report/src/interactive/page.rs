@@ -24,8 +24,15 @@ pub fn page(input: &ReportInput<'_>, report: &Report) -> String {
 
 /// [`page`] with more of the trace embedded event by event ([`data::Detail`]).
 pub fn page_with(input: &ReportInput<'_>, report: &Report, detail: &data::Detail) -> String {
-    let data = data::build(input, detail);
-    assemble(&crate::html::render(report), &blob::to_script_text(&data))
+    let (data, html) = rayon::join(|| data::build(input, detail), || crate::html::render(report));
+    assemble(&html, &blob::to_script_text(&data))
+}
+
+/// The report of `input` ([`crate::build`]) as the interactive page ([`page_with`]), the report
+/// and the page's data built side by side.
+pub fn build_page(input: &ReportInput<'_>, opts: &crate::ReportOptions, detail: &data::Detail) -> String {
+    let (report, data) = rayon::join(|| crate::build(input, opts), || data::build(input, detail));
+    assemble(&crate::html::render(&report), &blob::to_script_text(&data))
 }
 
 /// Put the blob and the script into the static page `html`. Snapshot strings in `html` are
