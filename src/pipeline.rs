@@ -166,15 +166,23 @@ pub fn pre_trace_blocks(snap: &Snapshot) -> (u64, u64) {
     use memsnap_model::BlockState;
     let mut blocks = 0;
     let mut bytes = 0;
-    // Allocation addresses per device, built once (a file may list many devices).
-    let allocs: std::collections::HashMap<u32, Vec<u64>> =
-        snap.traces.iter().filter(|tr| tr.entries() > 0).map(|tr| (tr.device, tr.alloc_addresses())).collect();
+    // Per traced device: its trace and the sizes of its allocated blocks, by address (only
+    // those addresses are looked for among the trace's allocations).
+    let mut traced: std::collections::HashMap<u32, (&memsnap_model::DeviceTrace, Vec<(u64, u64)>)> =
+        snap.traces.iter().filter(|tr| tr.entries() > 0).map(|tr| (tr.device, (tr, Vec::new()))).collect();
     for seg in &snap.segments {
-        let Some(seen) = allocs.get(&seg.device) else { continue };
-        for b in &seg.blocks {
-            if b.state == BlockState::Allocated && seen.binary_search(&b.address).is_err() {
+        let Some((_, live)) = traced.get_mut(&seg.device) else { continue };
+        live.extend(seg.blocks.iter().filter(|b| b.state == BlockState::Allocated).map(|b| (b.address, b.size)));
+    }
+    for (tr, live) in traced.values() {
+        let mut addresses: Vec<u64> = live.iter().map(|b| b.0).collect();
+        addresses.sort_unstable();
+        addresses.dedup();
+        let seen = tr.allocates_any_of(&addresses);
+        for &(address, size) in live {
+            if addresses.binary_search(&address).is_ok_and(|k| !seen[k]) {
                 blocks += 1;
-                bytes += b.size;
+                bytes += size;
             }
         }
     }

@@ -142,8 +142,8 @@ pub fn analyze_with(snap: &Snapshot, replay: &Replay, thresholds: &Thresholds) -
 /// replay (`rayon::join`) and hand it to [`analyze_prepared`].
 pub struct Prepared {
     stacks: StackTable,
-    /// By device, ascending: phases and label spans of its trace (empty without one).
-    devices: BTreeMap<u32, (Phases, Vec<LabelSpan>)>,
+    /// By device, ascending: phases, label spans and annotations of its trace (empty without one).
+    devices: BTreeMap<u32, PreparedDevice>,
 }
 
 impl Prepared {
@@ -166,33 +166,45 @@ impl Prepared {
         stacks: &StackTable,
         device: u32,
         annotations: &[memsnap_model::Annotation],
-    ) -> (Phases, Vec<LabelSpan>) {
+    ) -> PreparedDevice {
         let events = snap.trace(device).map_or(&[][..], |tr| &tr.events[..]);
-        rayon::join(|| find_phases(events, stacks, annotations), || label_spans(snap, events))
+        let (phases, (labels, notes)) = rayon::join(
+            || find_phases(events, stacks, annotations),
+            || rayon::join(|| label_spans(snap, events), || Annotations::of(snap, events)),
+        );
+        PreparedDevice { phases, labels, notes }
     }
+}
+
+/// What [`Prepared`] holds of one device.
+struct PreparedDevice {
+    phases: Phases,
+    labels: Vec<LabelSpan>,
+    /// The `annotate` entries' texts by block address.
+    notes: Annotations,
 }
 
 /// [`analyze_with`] on what [`Prepared::new`] made of the same snapshot.
 pub fn analyze_prepared(snap: &Snapshot, replay: &Replay, prepared: Prepared, thresholds: &Thresholds) -> Analysis {
     let Prepared { stacks, mut devices } = prepared;
     let totals = snap.device_totals();
-    let mut work: Vec<(&DeviceReplay, Phases, Vec<LabelSpan>)> = replay
+    let mut work: Vec<(&DeviceReplay, PreparedDevice)> = replay
         .devices
         .iter()
         .map(|d| {
             // A replay of the same snapshot has the same devices; any other is prepared here.
-            let (phases, labels) = devices.remove(&d.device).unwrap_or_else(|| {
+            let prepared = devices.remove(&d.device).unwrap_or_else(|| {
                 let annotations = snap.annotations_by_device().remove(&d.device).unwrap_or_default();
                 Prepared::device(snap, &stacks, d.device, &annotations)
             });
-            (d, phases, labels)
+            (d, prepared)
         })
         .collect();
     let devices = work
         .par_drain(..)
-        .map(|(d, phases, labels)| {
+        .map(|(d, prepared)| {
             let t = memsnap_model::find_device(&totals, d.device, |t| t.device);
-            analyze_device(snap, &stacks, d, t, phases, labels, thresholds)
+            analyze_device(snap, &stacks, d, t, prepared, thresholds)
         })
         .collect();
     Analysis { devices, stacks }
@@ -212,15 +224,27 @@ pub fn moment(
     t: Option<u32>,
 ) -> (Moment, Vec<LiveBlock>) {
     let events = snap.trace(d.device).map_or(&[][..], |tr| &tr.events[..]);
+    moment_with(snap, stacks, phases, d, t, &Annotations::of(snap, events))
+}
+
+/// [`moment`] with the device's annotations already gathered.
+fn moment_with(
+    snap: &Snapshot,
+    stacks: &StackTable,
+    phases: &Phases,
+    d: &DeviceReplay,
+    t: Option<u32>,
+    annotations: &Annotations,
+) -> (Moment, Vec<LiveBlock>) {
+    let events = snap.trace(d.device).map_or(&[][..], |tr| &tr.events[..]);
     let totals = d.series.after(t.map(|i| i as usize));
     let mut by_attr: BTreeMap<Attr, (u64, u64)> = BTreeMap::new();
     let mut by_cat: BTreeMap<Category, u64> = BTreeMap::new();
     let mut by_phase: BTreeMap<AllocPhase, u64> = BTreeMap::new();
     let mut live = Vec::new();
     let mut labels = LabelTally::default();
-    let annotations = Annotations::of(snap, events);
     for b in live_at(d, t) {
-        labels.add(snap, events, &annotations, b, t);
+        labels.add(snap, events, annotations, b, t);
         let (attr, stack) = attribute(events, phases, stacks, b);
         let e = by_attr.entry(attr).or_default();
         e.0 += b.size;
@@ -264,10 +288,10 @@ fn analyze_device(
     stacks: &StackTable,
     d: &DeviceReplay,
     totals: Option<&memsnap_model::DeviceTotals>,
-    phases: Phases,
-    labels: Vec<LabelSpan>,
+    prepared: PreparedDevice,
     thresholds: &Thresholds,
 ) -> DeviceAnalysis {
+    let PreparedDevice { phases, labels, notes } = prepared;
     let events = snap.trace(d.device).map_or(&[][..], |tr| &tr.events[..]);
     let peak_t = d.peaks.allocated.event_index.map(|i| i as u32);
     let end_t = if events.is_empty() { None } else { Some(events.len() as u32 - 1) };
@@ -275,10 +299,13 @@ fn analyze_device(
     let (((peak, peak_blocks), (end, end_blocks)), lifecycle) = rayon::join(
         || {
             if events.is_empty() {
-                let (peak, peak_blocks) = moment(snap, stacks, &phases, d, peak_t);
+                let (peak, peak_blocks) = moment_with(snap, stacks, &phases, d, peak_t, &notes);
                 ((peak.clone(), peak_blocks.clone()), (peak, peak_blocks))
             } else {
-                rayon::join(|| moment(snap, stacks, &phases, d, peak_t), || moment(snap, stacks, &phases, d, end_t))
+                rayon::join(
+                    || moment_with(snap, stacks, &phases, d, peak_t, &notes),
+                    || moment_with(snap, stacks, &phases, d, end_t, &notes),
+                )
             }
         },
         || lifecycle::lifecycle(events, stacks, &phases, d, thresholds),

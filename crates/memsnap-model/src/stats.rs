@@ -1,5 +1,7 @@
 //! Totals of the dump-time state and of the trace, as `torch.cuda.memory_summary()` reports them.
 
+use rayon::prelude::*;
+
 use crate::types::*;
 
 /// Dump-time totals of one device, computed from `segments`.
@@ -171,11 +173,19 @@ impl Snapshot {
             .iter()
             .map(|tr| match &tr.summary {
                 Some(s) => s.facts.clone(),
-                None => {
-                    let mut t = TraceTally::default();
-                    tr.events.iter().for_each(|e| t.add(e));
-                    t.facts(tr.device)
-                }
+                // Counted in parallel runs merged in order (the merge keeps first and last).
+                None => tr
+                    .events
+                    .par_iter()
+                    .fold(TraceTally::default, |mut t, e| {
+                        t.count(e);
+                        t
+                    })
+                    .reduce(TraceTally::default, |mut a, b| {
+                        a.merge(&b);
+                        a
+                    })
+                    .facts(tr.device),
             })
             .collect()
     }
@@ -200,6 +210,15 @@ pub struct TraceTally {
 impl TraceTally {
     #[inline]
     pub fn add(&mut self, e: &TraceEvent) {
+        self.count(e);
+        if e.action() == Action::Alloc {
+            self.alloc_addresses.insert(e.addr);
+        }
+    }
+
+    /// [`TraceTally::add`] without keeping the address: what [`TraceFacts`] need.
+    #[inline]
+    fn count(&mut self, e: &TraceEvent) {
         self.entries += 1;
         self.counts[action_index(e.action())] += 1;
         if e.has_time() {
@@ -210,9 +229,6 @@ impl TraceTally {
         }
         self.first_action.get_or_insert(e.action());
         self.last_action = Some(e.action());
-        if e.action() == Action::Alloc {
-            self.alloc_addresses.insert(e.addr);
-        }
     }
 
     /// Add `later`, the tally of the events that follow these.
@@ -264,6 +280,36 @@ impl DeviceTrace {
     /// Number of entries (also when a summary read kept only their counts).
     pub fn entries(&self) -> u64 {
         self.summary.as_ref().map_or(self.events.len() as u64, |s| s.facts.entries)
+    }
+
+    /// For each of `addresses` (ascending, distinct): whether an `alloc` event of this trace
+    /// names it. One pass over the events for any number of addresses, where
+    /// [`DeviceTrace::alloc_addresses`] would sort every allocation's.
+    pub fn allocates_any_of(&self, addresses: &[u64]) -> Vec<bool> {
+        match &self.summary {
+            Some(s) => addresses.iter().map(|a| s.alloc_addresses.binary_search(a).is_ok()).collect(),
+            None => self
+                .events
+                .par_iter()
+                .fold(
+                    || vec![false; addresses.len()],
+                    |mut seen, e| {
+                        if e.action() == Action::Alloc {
+                            if let Ok(k) = addresses.binary_search(&e.addr) {
+                                seen[k] = true;
+                            }
+                        }
+                        seen
+                    },
+                )
+                .reduce(
+                    || vec![false; addresses.len()],
+                    |mut a, b| {
+                        a.iter_mut().zip(b).for_each(|(x, y)| *x |= y);
+                        a
+                    },
+                ),
+        }
     }
 
     /// Distinct addresses of `alloc` events, ascending.
