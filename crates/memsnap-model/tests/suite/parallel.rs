@@ -139,6 +139,15 @@ fn a_summary_read_counts_what_the_events_say() {
             for (a, b) in summary.traces.iter().zip(&full.traces) {
                 assert_eq!(a.alloc_addresses(), b.alloc_addresses(), "{name}");
                 assert_eq!(a.entries(), b.entries(), "{name}");
+                // Looking for addresses finds exactly the allocated ones: every allocation
+                // address, interleaved with addresses just past them, which no block has.
+                let allocated = b.alloc_addresses();
+                let mut asked: Vec<u64> = allocated.iter().flat_map(|&x| [x, x.wrapping_add(1)]).collect();
+                asked.sort_unstable();
+                asked.dedup();
+                let expected: Vec<bool> = asked.iter().map(|x| allocated.binary_search(x).is_ok()).collect();
+                assert_eq!(b.allocates_any_of(&asked), expected, "{name}");
+                assert_eq!(a.allocates_any_of(&asked), expected, "{name}");
             }
             assert_eq!(summary.source.events_with_frames, full.source.events_with_frames, "{name}");
             assert_eq!(summary.source.unknown_actions, full.source.unknown_actions, "{name}");
