@@ -90,6 +90,9 @@ impl Severity {
 pub enum Occurrence {
     Iteration,
     Pass,
+    /// A call of the user's function that runs the model several times (a decoding loop inside
+    /// `generate()`): see `Lifecycle::call_groups`.
+    Call,
 }
 
 impl Occurrence {
@@ -97,6 +100,7 @@ impl Occurrence {
         match self {
             Occurrence::Iteration => "iteration",
             Occurrence::Pass => "pass",
+            Occurrence::Call => "call",
         }
     }
 }

@@ -130,6 +130,7 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
                 let many = match occurrence {
                     Occurrence::Iteration => "iterations",
                     Occurrence::Pass => "passes",
+                    Occurrence::Call => "calls",
                 };
                 format!(
                     "{} from {} of {} {} still allocated at the end: {what}; a reference outlives each {}. {tail}.",

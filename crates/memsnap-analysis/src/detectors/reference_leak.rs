@@ -75,6 +75,12 @@ impl Detector for ReferenceLeak {
                 }
             }
         };
+        // Kept outputs of no-grad passes counted per call of the helper that runs the model
+        // several times (see `Lifecycle::call_groups`): used when a pass-level count shows no
+        // repetition because only one pass per call keeps something (the last decoding step's
+        // KV cache, stored per request).
+        let calls = lc.call_groups(cx.events, cx.stacks);
+        let mut per_call: BTreeMap<Key, Group> = BTreeMap::new();
         // Forward passes whose graphs no longer hold their tensors.
         for (u, unit) in lc.units.iter().enumerate() {
             let origin = match unit.fate {
@@ -111,6 +117,18 @@ impl Detector for ReferenceLeak {
                     },
                 };
                 add(Key::Line(line, origin), ub.block, occ, ub.fate == BlockFate::Kept, pass, stack);
+                if origin == Origin::NoGrad {
+                    let g = per_call.entry(Key::Line(line, origin)).or_default();
+                    g.eligible.insert(calls[u]);
+                    if ub.fate == BlockFate::Kept {
+                        g.kept.insert(calls[u]);
+                        g.blocks.push(ub.block);
+                        let size = cx.replay.blocks[ub.block].size;
+                        if size > g.largest.0 {
+                            g.largest = (size, stack);
+                        }
+                    }
+                }
             }
         }
         // Tensors outside forward passes.
@@ -135,6 +153,16 @@ impl Detector for ReferenceLeak {
             add(key, bi, it, kept, false, stack);
         }
 
+        // Per-call counts replace per-pass counts where only they show repetition.
+        let mut call_keys: BTreeSet<Key> = BTreeSet::new();
+        for (key, pc) in per_call {
+            let passes = groups.get(&key);
+            let pass_growth = passes.is_some_and(|g| cx.is_growth(g.kept.len(), g.eligible.len()));
+            if !pass_growth && pc.eligible.len() < lc.units.len() && cx.is_growth(pc.kept.len(), pc.eligible.len()) {
+                groups.insert(key, pc);
+                call_keys.insert(key);
+            }
+        }
         let mut out = Vec::new();
         for (key, g) in groups {
             if !cx.is_growth(g.kept.len(), g.eligible.len()) {
@@ -152,8 +180,23 @@ impl Detector for ReferenceLeak {
                 ),
                 Key::Unattributed => (None, LeakOrigin::Unattributed),
             };
-            let occurrence = if g.pass_occurrences { Occurrence::Pass } else { Occurrence::Iteration };
-            let boundaries = if g.pass_occurrences || cx.phases.boundaries.len() < 2 {
+            let occurrence = if call_keys.contains(&key) {
+                Occurrence::Call
+            } else if g.pass_occurrences {
+                Occurrence::Pass
+            } else {
+                Occurrence::Iteration
+            };
+            let boundaries = if call_keys.contains(&key) {
+                // One boundary per call: the start of its first unit.
+                let mut seen = BTreeSet::new();
+                lc.units
+                    .iter()
+                    .enumerate()
+                    .filter(|(u, _)| g.eligible.contains(&calls[*u]) && seen.insert(calls[*u]))
+                    .map(|(_, unit)| unit.span.start)
+                    .collect()
+            } else if g.pass_occurrences || cx.phases.boundaries.len() < 2 {
                 lc.units.iter().filter(|u| g.eligible.contains(&u.pass)).map(|u| u.span.start).collect()
             } else {
                 cx.iteration_boundaries()

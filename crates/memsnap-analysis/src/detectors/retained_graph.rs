@@ -9,6 +9,9 @@
 //!   passes later, after any rebound variable let go: a Python reference (a list of losses, a
 //!   running `total += loss`) keeps the graph. Site: the first kept scalar (the loss or sum the
 //!   user holds), else the line that ran the model.
+//!   Training passes whose backward the program skipped (`UnitFate::Abandoned`: an exception or
+//!   `continue` between forward and backward) are held the same way when their graph outlives
+//!   them (a stored exception's traceback keeps the frame that holds the loss).
 //! - the same, for passes awaiting a deferred backward that had not run when the trace ended
 //!   (at an OOM): what filled memory.
 //!
@@ -59,6 +62,8 @@ impl Detector for RetainedGraph {
             let key = match unit.fate {
                 UnitFate::RetainedByBackward { backward } => Key::Backward(cx.phases.backwards[backward].line),
                 UnitFate::Unconsumed if unit.grad_on => Key::Kept(unit.call_site),
+                // A training pass whose backward was skipped: held only by a reference.
+                UnitFate::Abandoned => Key::Kept(unit.call_site),
                 UnitFate::AwaitingBackward => Key::Awaiting(unit.call_site),
                 _ => continue,
             };
