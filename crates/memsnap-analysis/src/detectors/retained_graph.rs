@@ -33,6 +33,7 @@ enum Key {
     Backward(Option<FrameId>),
     Kept(Option<FrameId>),
     Awaiting(Option<FrameId>),
+    Skipped(Option<FrameId>),
 }
 
 #[derive(Default)]
@@ -63,7 +64,7 @@ impl Detector for RetainedGraph {
                 UnitFate::RetainedByBackward { backward } => Key::Backward(cx.phases.backwards[backward].line),
                 UnitFate::Unconsumed if unit.grad_on => Key::Kept(unit.call_site),
                 // A training pass whose backward was skipped: held only by a reference.
-                UnitFate::Abandoned => Key::Kept(unit.call_site),
+                UnitFate::Abandoned => Key::Skipped(unit.call_site),
                 UnitFate::AwaitingBackward => Key::Awaiting(unit.call_site),
                 _ => continue,
             };
@@ -128,6 +129,7 @@ impl Detector for RetainedGraph {
                 Key::Backward(_) => (GraphHold::RetainedByBackward, Occurrence::Iteration, None),
                 Key::Kept(c) => (GraphHold::KeptReference, Occurrence::Pass, c),
                 Key::Awaiting(c) => (GraphHold::AwaitingBackward, Occurrence::Pass, c),
+                Key::Skipped(c) => (GraphHold::SkippedBackward, Occurrence::Pass, c),
             };
             let first_unit = &lc.units[g.units[0]];
             let forward_call = call.or(first_unit.call_site);

@@ -86,7 +86,7 @@ fn skipped_backward_with_kept_graph_is_retained_graph_not_no_grad_missing() {
     let a = analyze_snapshot(&p.t.finish());
     let s = the_one(&a, SuspectKind::RetainedGraph);
     assert_eq!(s.severity, Severity::Leak, "{}", describe(&a));
-    assert!(matches!(s.facts, Evidence::RetainedGraph { hold: GraphHold::KeptReference, .. }), "{}", describe(&a));
+    assert!(matches!(s.facts, Evidence::RetainedGraph { hold: GraphHold::SkippedBackward, .. }), "{}", describe(&a));
     assert_none_of(&a, SuspectKind::NoGradMissing);
 }
 
