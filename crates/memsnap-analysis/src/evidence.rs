@@ -90,6 +90,9 @@ impl Severity {
 pub enum Occurrence {
     Iteration,
     Pass,
+    /// A call of the user's function that runs the model several times (a decoding loop inside
+    /// `generate()`): see `Lifecycle::call_groups`.
+    Call,
 }
 
 impl Occurrence {
@@ -97,6 +100,7 @@ impl Occurrence {
         match self {
             Occurrence::Iteration => "iteration",
             Occurrence::Pass => "pass",
+            Occurrence::Call => "call",
         }
     }
 }
@@ -113,6 +117,9 @@ pub enum GraphHold {
     /// Graphs kept for a backward that had not run yet when the trace ended (at an OOM, or with
     /// the training call site's backward still to come).
     AwaitingBackward,
+    /// Training passes whose backward the program skipped (`UnitFate::Abandoned`: an exception or
+    /// a `continue` between forward and backward), and a reference keeps their graphs.
+    SkippedBackward,
 }
 
 /// Where the tensors of a reference leak come from.

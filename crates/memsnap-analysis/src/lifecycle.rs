@@ -38,6 +38,10 @@ pub enum UnitFate {
     RetainedByBackward { backward: usize },
     /// No backward yet; the program was about to run one (see module docs).
     AwaitingBackward,
+    /// A training pass whose backward the program skipped: grad on, unconsumed, between two
+    /// passes run by the same code path (same user frames from the model call outwards) that
+    /// backward consumed. Not an evaluation: see `abandoned_training_passes`.
+    Abandoned,
     /// No backward ever ran through it.
     Unconsumed,
 }
@@ -104,6 +108,40 @@ pub struct Lifecycle {
 impl Lifecycle {
     pub fn unit_of(&self, block: usize) -> Option<usize> {
         self.unit_of_block.get(block).copied().filter(|&u| u != u32::MAX).map(|u| u as usize)
+    }
+
+    /// The *call* of each unit: consecutive units made by one invocation of the user function
+    /// that runs the model several times (a decoding loop inside `generate()`, a sliding window
+    /// over a long input), numbered in order.
+    ///
+    /// Mechanism. Python stacks have no invocation ids, but an invocation is visible as a run:
+    /// passes from the same model call line, all called through the same line one user frame
+    /// further out (the call of the helper, `forward_caller`), with every allocation between
+    /// them also made under that line (the helper's own code: sampling, concatenation). An
+    /// allocation made outside it (the next request's input, made by the caller's loop) ends
+    /// the call. A pass whose model call line has no user caller of its own (the model run by
+    /// the loop itself) is a call of its own, so ordinary loops keep one call per pass.
+    pub fn call_groups(&self, events: &[TraceEvent], stacks: &StackTable) -> Vec<usize> {
+        let mut out = Vec::with_capacity(self.units.len());
+        let mut group = 0usize;
+        let mut prev: Option<(&Unit, Option<FrameId>)> = None;
+        for u in &self.units {
+            let caller = stacks.get(events[u.pass_span.start as usize].stack).forward_caller;
+            let same = match (prev, caller) {
+                (Some((p, Some(pc))), Some(c)) if pc == c && p.call_site == u.call_site => events
+                    [p.pass_span.end as usize..u.pass_span.start as usize]
+                    .iter()
+                    .filter(|e| e.action() == Action::Alloc && !stacks.userless(e.stack))
+                    .all(|e| stacks.contains(e.stack, c)),
+                _ => false,
+            };
+            if !same && prev.is_some() {
+                group += 1;
+            }
+            out.push(group);
+            prev = Some((u, caller));
+        }
+        out
     }
 }
 
@@ -277,6 +315,8 @@ pub fn lifecycle(
         };
     });
 
+    abandoned_training_passes(events, stacks, &mut units);
+
     // Awaiting backward: unconsumed grad-on units after the last backward, when the trace ends at
     // an OOM, or when their call site trains.
     let last_bw_start = phases.backwards.last().map(|b| b.span.start);
@@ -314,7 +354,9 @@ pub fn lifecycle(
                 UnitFate::Consumed { backward } | UnitFate::RetainedByBackward { backward } => {
                     phases.backwards[backward].span.end.saturating_sub(1)
                 }
-                UnitFate::AwaitingBackward | UnitFate::Unconsumed => unit.horizon.saturating_sub(1),
+                UnitFate::AwaitingBackward | UnitFate::Unconsumed | UnitFate::Abandoned => {
+                    unit.horizon.saturating_sub(1)
+                }
             };
             m.iter()
                 .map(|&(bi, in_pass)| {
@@ -333,6 +375,48 @@ pub fn lifecycle(
         })
         .collect();
     Lifecycle { units, blocks, unit_of_block }
+}
+
+/// Mark unconsumed grad-on units that are training passes whose backward was skipped.
+///
+/// Mechanism. Grad mode is a property of the code path: the training step runs its forward with
+/// grad on so that its backward can run. When the very same code path (the same user frames from
+/// the model call outwards, so the same loop body and the same helper) runs a pass that no
+/// backward consumes, right between two of its passes that backward did consume, control flow
+/// left the step between the forward and the backward: an exception caught by the loop (a
+/// non-finite loss), a `continue` on a bad batch, a conditional backward. That pass is not an
+/// evaluation pass, and `no_grad` is not the fix (it would stop the training step from
+/// training). If its graph outlives it, a reference keeps it (a stored exception's traceback
+/// holds the frame whose locals hold the loss): `retained_graph`.
+///
+/// An evaluation loop that shares its code path with training (a `for phase in ("train",
+/// "val")` loop without `set_grad_enabled`) runs its passes in a row, so its passes are not
+/// between two consumed ones; only a one-batch evaluation there would be taken for a skipped
+/// step.
+fn abandoned_training_passes(events: &[TraceEvent], stacks: &StackTable, units: &mut [Unit]) {
+    let chain = |u: &Unit| stacks.get(events[u.pass_span.start as usize].stack).caller_chain;
+    let consumed = |u: &Unit| matches!(u.fate, UnitFate::Consumed { .. });
+    let mut marks = Vec::new();
+    for k in 0..units.len() {
+        let u = &units[k];
+        if u.fate != UnitFate::Unconsumed || !u.grad_on || u.call_site.is_none() {
+            continue;
+        }
+        let c = chain(u);
+        if c == 0 {
+            continue;
+        }
+        let prev = units[..k].iter().rev().find(|v| v.call_site == u.call_site);
+        let next = units[k + 1..].iter().find(|v| v.call_site == u.call_site);
+        if let (Some(p), Some(n)) = (prev, next) {
+            if consumed(p) && consumed(n) && chain(p) == c && chain(n) == c {
+                marks.push(k);
+            }
+        }
+    }
+    for k in marks {
+        units[k].fate = UnitFate::Abandoned;
+    }
 }
 
 /// For each block of `d.blocks`: does it live in a private pool (CUDA graph capture)?

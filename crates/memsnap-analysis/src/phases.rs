@@ -71,6 +71,10 @@ pub struct Phases {
     /// Optimizer steps: runs of events inside `torch.optim`.
     pub optimizer_steps: Vec<Span>,
     pub event_count: u32,
+    /// The free events carry their block's *allocation* stack, not the stack of the code that
+    /// freed it (`_record_memory_history(context="alloc")`; see [`free_stacks_are_alloc_stacks`]).
+    /// Their frames then say nothing about where the program was when the block was freed.
+    pub free_stacks_from_alloc: bool,
 }
 
 impl Phases {
@@ -121,10 +125,19 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
     let mut open_backward: Option<Backward> = None;
     let mut open_forward: Option<ForwardPass> = None;
     let mut open_opt: Option<Span> = None;
+    let free_stacks_from_alloc = free_stacks_are_alloc_stacks(events);
 
     for (i, e) in events.iter().enumerate() {
         let i = i as u32;
         if !matches!(e.action(), Action::Alloc | Action::FreeRequested | Action::FreeCompleted) {
+            continue;
+        }
+        if free_stacks_from_alloc && e.action() != Action::Alloc {
+            // A free that carries the allocation's stack (`context="alloc"`) would look like the
+            // forward pass that allocated the block running again: inside a backward pass it
+            // would end the backward window and stretch that forward pass over it. The program
+            // position is unknown at such a free, so it belongs to whatever window is open, like
+            // a frameless event.
             continue;
         }
         let info = stacks.get(e.stack);
@@ -194,7 +207,7 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
     }
 
     if backwards.is_empty() {
-        backwards = engine_windows(events, stacks);
+        backwards = engine_windows(events, stacks, free_stacks_from_alloc);
     }
 
     // A pass is "trained" if a backward starts after it and before the next pass from the same
@@ -246,6 +259,7 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
         eval_windows,
         optimizer_steps,
         event_count: n,
+        free_stacks_from_alloc,
     };
     if let Some(line) = most_frequent(phases.backwards.iter().map(|b| b.line)) {
         let starts: Vec<u32> = phases.backwards.iter().filter(|b| b.line == line).map(|b| b.span.start).collect();
@@ -291,7 +305,7 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
 /// sees no `.backward()` launch, only the engine's frameless allocations. Each run of frameless
 /// allocations that follows a Python-framed event and frees some earlier block is taken as a
 /// backward pass with an unknown launch line. Used only when the device has no launch at all.
-fn engine_windows(events: &[TraceEvent], stacks: &StackTable) -> Vec<Backward> {
+fn engine_windows(events: &[TraceEvent], stacks: &StackTable, free_stacks_from_alloc: bool) -> Vec<Backward> {
     let mut out: Vec<Backward> = Vec::new();
     let mut open: Option<(u32, bool)> = None;
     let mut framed_seen = false;
@@ -301,7 +315,10 @@ fn engine_windows(events: &[TraceEvent], stacks: &StackTable) -> Vec<Backward> {
             continue;
         }
         let info = stacks.get(e.stack);
-        if info.python && !info.recompute {
+        // With allocation stacks on frees, a free is framed when its block was: it neither
+        // opens nor closes a window, but it still shows the window frees something.
+        let framed = info.python && !info.recompute && !(free_stacks_from_alloc && e.action() != Action::Alloc);
+        if framed {
             framed_seen = true;
             if let Some((start, frees)) = open.take() {
                 if frees {
@@ -320,6 +337,44 @@ fn engine_windows(events: &[TraceEvent], stacks: &StackTable) -> Vec<Backward> {
         out.push(Backward { span: Span { start, end: events.len() as u32 }, line: None });
     }
     out
+}
+
+/// How many matched frees [`free_stacks_are_alloc_stacks`] looks at (enough to decide, cheap on
+/// traces of millions of events).
+const FREE_STACK_SAMPLE: u32 = 4096;
+/// Fewer matched frees than this: undecided, taken as free-time stacks (the default recording).
+const FREE_STACK_MIN: u32 = 16;
+
+/// Do the free events carry the stack of their block's allocation instead of the stack at the
+/// free? The CUDA caching allocator records a free with the context gathered at the free only
+/// when `_record_memory_history(context="all")`; with `context="alloc"` it records the block's
+/// `context_when_allocated` on `free_requested`/`free_completed` (CUDACachingAllocator.cpp,
+/// `free()`: `context ? context : block->context_when_allocated`). No key in the snapshot says
+/// which was used, but the trace shows it: with free-time stacks most frees differ from their
+/// allocation's stack (a forward activation is freed by the autograd engine, frameless, or by
+/// a later line), while with allocation stacks every free equals it. Decided on the first
+/// [`FREE_STACK_SAMPLE`] frees whose allocation is in the trace: all equal.
+pub fn free_stacks_are_alloc_stacks(events: &[TraceEvent]) -> bool {
+    let mut alloc_stack: std::collections::HashMap<u64, memsnap_model::StackId> = std::collections::HashMap::new();
+    let (mut matched, mut equal) = (0u32, 0u32);
+    for e in events {
+        match e.action() {
+            Action::Alloc => {
+                alloc_stack.insert(e.addr, e.stack);
+            }
+            Action::FreeRequested => {
+                if let Some(s) = alloc_stack.remove(&e.addr) {
+                    matched += 1;
+                    equal += u32::from(s == e.stack);
+                    if matched >= FREE_STACK_SAMPLE {
+                        break;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    matched >= FREE_STACK_MIN && equal == matched
 }
 
 /// Does the backward pass free a block that the forward pass allocated and that was still

@@ -78,6 +78,18 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
                     agree(n, "it", "them"),
                     root.as_ref().map_or(String::new(), |r| format!(", rooted at the value made at {}", r.short()))
                 ),
+                GraphHold::SkippedBackward => format!(
+                    "{} called at {} ran with grad enabled, between passes of the same code that a backward consumed, and {} backward never ran (the step left between forward and backward: an exception, a `continue`); {} ({}{}) {} still alive two passes later, so a reference keeps {}{}.",
+                    forward_passes(*graphs),
+                    site(forward_call),
+                    agree(n, "its", "their"),
+                    agree(n, "its graph", "their graphs"),
+                    held,
+                    lines,
+                    agree(n, "was", "were"),
+                    agree(n, "it", "them"),
+                    root.as_ref().map_or(String::new(), |r| format!(", rooted at the value made at {}", r.short()))
+                ),
                 GraphHold::AwaitingBackward => format!(
                     "{} called at {} built {} ({}{}) for a backward that had not run when the trace ended{}.",
                     forward_passes(*graphs),
@@ -130,6 +142,7 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
                 let many = match occurrence {
                     Occurrence::Iteration => "iterations",
                     Occurrence::Pass => "passes",
+                    Occurrence::Call => "calls",
                 };
                 format!(
                     "{} from {} of {} {} still allocated at the end: {what}; a reference outlives each {}. {tail}.",
@@ -229,6 +242,7 @@ pub fn advice(s: &Suspect) -> String {
     match &s.facts {
         Evidence::RetainedGraph { hold: GraphHold::RetainedByBackward, .. } => "Drop `retain_graph=True` unless a second backward through the same graph follows; if the loss or outputs are also stored, store `loss.item()` / `out.detach()`. To carry state across steps (RNN hidden state), `detach()` it at each step.".into(),
         Evidence::RetainedGraph { hold: GraphHold::KeptReference, .. } => "Keep numbers, not tensors with history: `losses.append(loss.item())`, `total += loss.item()`, `outs.append(out.detach().cpu())`; and run evaluation under `torch.no_grad()` so no graph is built.".into(),
+        Evidence::RetainedGraph { hold: GraphHold::SkippedBackward, .. } => "Let go of a skipped step's tensors: keep `str(e)` or `e.with_traceback(None)`, not the caught exception (its traceback holds the frames whose locals hold the loss and outputs), and `del` or `.item()` the loss and outputs before skipping; `no_grad` is not the fix, this code path trains.".into(),
         Evidence::RetainedGraph { hold: GraphHold::AwaitingBackward, .. } => "Each kept loss holds its whole graph until the backward runs: call `backward()` per micro-batch (gradients accumulate in `.grad`) instead of collecting losses, or run fewer micro-batches per step.".into(),
         Evidence::NoGradMissing { .. } => "Wrap the whole evaluation loop in `with torch.no_grad():` (or `torch.inference_mode()`), not just the model call, and keep only detached results: `preds.append(out.argmax(-1).cpu())`, `losses.append(loss.item())`.".into(),
         Evidence::ReferenceLeak { origin: LeakOrigin::Unattributed, .. } => "Record with stacks (`torch.cuda.memory._record_memory_history(stacks=\"python\")`) and dump again so memsnap can name the line; meanwhile look for tensors appended to lists or caches every iteration.".into(),

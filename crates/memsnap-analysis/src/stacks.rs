@@ -41,19 +41,44 @@ pub struct StackInfo {
     /// Model or optimizer construction: `Module.to/cuda/_apply` or a module's `__init__` /
     /// `reset_parameters` (parameters and buffers), as opposed to tensors made by running code.
     pub construction: bool,
+    /// The user frames from `forward_call` outwards (the user code path that ran the model),
+    /// hashed: two passes with the same value were run by the same code path, line for line.
+    /// 0 when the stack is not inside a module call.
+    pub caller_chain: u64,
+    /// The user frame that called the function holding `forward_call` (one user frame further
+    /// out): for a model run in a loop inside a helper (`generate()`), the line that called the
+    /// helper.
+    pub forward_caller: Option<FrameId>,
 }
 
 /// Per-stack facts for a whole snapshot, indexed by `StackId`.
 pub struct StackTable {
     pub infos: Vec<StackInfo>,
     pub frame_kinds: Vec<FrameKind>,
+    /// The user frames of each stack, innermost first.
+    pub user_frames: Vec<Box<[FrameId]>>,
 }
 
 impl StackTable {
     pub fn new(snap: &Snapshot) -> StackTable {
         let frame_kinds: Vec<FrameKind> = snap.frames.iter().map(|f| classify_filename(snap.str(f.filename))).collect();
         let infos = snap.stacks.iter().map(|s| info(snap, &frame_kinds, &s.frames)).collect();
-        StackTable { infos, frame_kinds }
+        let user_frames = snap
+            .stacks
+            .iter()
+            .map(|s| s.frames.iter().copied().filter(|f| frame_kinds[f.0 as usize] == FrameKind::User).collect())
+            .collect();
+        StackTable { infos, frame_kinds, user_frames }
+    }
+
+    /// Does the stack pass through frame `f` (a user frame)?
+    pub fn contains(&self, id: StackId, f: FrameId) -> bool {
+        self.user_frames.get(id.0 as usize).is_some_and(|u| u.contains(&f))
+    }
+
+    /// Is the stack without user frames?
+    pub fn userless(&self, id: StackId) -> bool {
+        self.user_frames.get(id.0 as usize).is_none_or(|u| u.is_empty())
     }
 
     pub fn get(&self, id: StackId) -> StackInfo {
@@ -140,6 +165,15 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], frames: &[FrameId]) -> StackInfo {
     let caller_user = |from: usize| frames[from + 1..].iter().copied().find(|f| kinds[f.0 as usize] == FrameKind::User);
     if let Some(i) = outermost_module {
         s.forward_call = caller_user(i);
+        if let Some(j) = frames[i + 1..].iter().position(|f| kinds[f.0 as usize] == FrameKind::User) {
+            s.forward_caller = caller_user(i + 1 + j);
+        }
+        // FNV-1a over the user frames outside the outermost module call.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for f in frames[i + 1..].iter().filter(|f| kinds[f.0 as usize] == FrameKind::User) {
+            h = (h ^ u64::from(f.0)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        s.caller_chain = h.max(1);
     }
     if let Some(i) = innermost_module {
         s.module_call = caller_user(i);

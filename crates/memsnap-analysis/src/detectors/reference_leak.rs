@@ -15,7 +15,7 @@
 //! With no trace at all (state-only recordings) it reads the dump: many live blocks from one line.
 //! Near misses: the last step's tensors alive at the dump; a bounded cache that evicts.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use memsnap_model::{FrameId, StackId};
 use rayon::prelude::*;
@@ -143,53 +143,65 @@ impl Detector for ReferenceLeak {
             return state_only(cx);
         }
         let lc = cx.lifecycle;
+        // Kept outputs of no-grad passes counted per call of the helper that runs the model
+        // several times (see `Lifecycle::call_groups`): used when a pass-level count shows no
+        // repetition because only one pass per call keeps something (the last decoding step's
+        // KV cache, stored per request).
+        let calls = lc.call_groups(cx.events, cx.stacks);
         // Blocks are grouped in parallel runs merged in order, so every group lists its blocks in
         // the order of a sequential pass: forward passes' blocks first, then the others.
-        // Forward passes whose graphs no longer hold their tensors.
-        let in_passes = lc
+        // Forward passes whose graphs no longer hold their tensors (and, per call, those of
+        // no-grad passes).
+        let (in_passes, per_call) = lc
             .units
             .par_iter()
             .enumerate()
-            .fold(Groups::default, |mut groups, (u, unit)| {
-                let origin = match unit.fate {
-                    UnitFate::Consumed { .. } => Origin::Trained,
-                    UnitFate::Unconsumed if !unit.grad_on => Origin::NoGrad,
-                    _ => return groups,
-                };
-                let last_op =
-                    cx.phases.forwards[unit.pass].last_alloc.map(|la| cx.stacks.get(cx.events[la as usize].stack));
-                for ub in &lc.blocks[u] {
-                    let b = &cx.replay.blocks[ub.block];
-                    let stack = cx.event_stack(b);
-                    let info = cx.stacks.get(stack);
-                    // A kept model output is fixed where the model is called; an intermediate
-                    // where the model's code made it.
-                    let output = ub.in_pass
-                        && last_op.is_some_and(|l| {
-                            l.innermost_python.is_some()
-                                && l.innermost_python == info.innermost_python
-                                && l.module_call == info.module_call
-                        });
-                    let line = if !ub.in_pass {
-                        info.site
-                    } else if output {
-                        unit.call_site.or(info.site)
-                    } else {
-                        info.module_call.or(info.site)
+            .fold(
+                || (Groups::default(), Groups::default()),
+                |(mut groups, mut per_call), (u, unit)| {
+                    let origin = match unit.fate {
+                        UnitFate::Consumed { .. } => Origin::Trained,
+                        UnitFate::Unconsumed if !unit.grad_on => Origin::NoGrad,
+                        _ => return (groups, per_call),
                     };
-                    let (occ, pass) = match origin {
-                        Origin::NoGrad => (u, true),
-                        _ => match cx.iteration_of(b) {
-                            Some(it) => (it, false),
-                            None => continue,
-                        },
-                    };
-                    let kept = ub.fate == BlockFate::Kept;
-                    groups.add(Key::Line(line, origin), ub.block, b.size, occ, kept, pass, stack);
-                }
-                groups
-            })
-            .reduce(Groups::default, Groups::then);
+                    let last_op =
+                        cx.phases.forwards[unit.pass].last_alloc.map(|la| cx.stacks.get(cx.events[la as usize].stack));
+                    for ub in &lc.blocks[u] {
+                        let b = &cx.replay.blocks[ub.block];
+                        let stack = cx.event_stack(b);
+                        let info = cx.stacks.get(stack);
+                        // A kept model output is fixed where the model is called; an intermediate
+                        // where the model's code made it.
+                        let output = ub.in_pass
+                            && last_op.is_some_and(|l| {
+                                l.innermost_python.is_some()
+                                    && l.innermost_python == info.innermost_python
+                                    && l.module_call == info.module_call
+                            });
+                        let line = if !ub.in_pass {
+                            info.site
+                        } else if output {
+                            unit.call_site.or(info.site)
+                        } else {
+                            info.module_call.or(info.site)
+                        };
+                        let (occ, pass) = match origin {
+                            Origin::NoGrad => (u, true),
+                            _ => match cx.iteration_of(b) {
+                                Some(it) => (it, false),
+                                None => continue,
+                            },
+                        };
+                        let kept = ub.fate == BlockFate::Kept;
+                        groups.add(Key::Line(line, origin), ub.block, b.size, occ, kept, pass, stack);
+                        if origin == Origin::NoGrad {
+                            per_call.add(Key::Line(line, origin), ub.block, b.size, calls[u], kept, false, stack);
+                        }
+                    }
+                    (groups, per_call)
+                },
+            )
+            .reduce(|| (Groups::default(), Groups::default()), |(a, b), (c, d)| (a.then(c), b.then(d)));
         // Tensors outside forward passes.
         let gradient_lines: Vec<Option<FrameId>> =
             cx.kept_backward_groups().iter().filter(|g| g.gradient_like).map(|g| g.line).collect();
@@ -217,10 +229,21 @@ impl Detector for ReferenceLeak {
                 groups
             })
             .reduce(Groups::default, Groups::then);
-        let groups = in_passes.then(outside);
+        let mut groups: BTreeMap<Key, Group> = in_passes.then(outside).finish().into_iter().collect();
+
+        // Per-call counts replace per-pass counts where only they show repetition.
+        let mut call_keys: BTreeSet<Key> = BTreeSet::new();
+        for (key, pc) in per_call.finish() {
+            let passes = groups.get(&key);
+            let pass_growth = passes.is_some_and(|g| cx.is_growth(g.kept.len(), g.eligible.len()));
+            if !pass_growth && pc.eligible.len() < lc.units.len() && cx.is_growth(pc.kept.len(), pc.eligible.len()) {
+                groups.insert(key, pc);
+                call_keys.insert(key);
+            }
+        }
 
         let mut out = Vec::new();
-        for (key, g) in groups.finish() {
+        for (key, g) in groups {
             if !cx.is_growth(g.kept.len(), g.eligible.len()) {
                 continue;
             }
@@ -236,8 +259,23 @@ impl Detector for ReferenceLeak {
                 ),
                 Key::Unattributed => (None, LeakOrigin::Unattributed),
             };
-            let occurrence = if g.pass_occurrences { Occurrence::Pass } else { Occurrence::Iteration };
-            let boundaries = if g.pass_occurrences || cx.phases.boundaries.len() < 2 {
+            let occurrence = if call_keys.contains(&key) {
+                Occurrence::Call
+            } else if g.pass_occurrences {
+                Occurrence::Pass
+            } else {
+                Occurrence::Iteration
+            };
+            let boundaries = if call_keys.contains(&key) {
+                // One boundary per call: the start of its first unit.
+                let mut seen = BTreeSet::new();
+                lc.units
+                    .iter()
+                    .enumerate()
+                    .filter(|(u, _)| g.eligible.binary_search(&calls[*u]).is_ok() && seen.insert(calls[*u]))
+                    .map(|(_, unit)| unit.span.start)
+                    .collect()
+            } else if g.pass_occurrences || cx.phases.boundaries.len() < 2 {
                 lc.units.iter().filter(|u| g.eligible.binary_search(&u.pass).is_ok()).map(|u| u.span.start).collect()
             } else {
                 cx.iteration_boundaries()

@@ -9,6 +9,9 @@
 //!   passes later, after any rebound variable let go: a Python reference (a list of losses, a
 //!   running `total += loss`) keeps the graph. Site: the first kept scalar (the loss or sum the
 //!   user holds), else the line that ran the model.
+//!   Training passes whose backward the program skipped (`UnitFate::Abandoned`: an exception or
+//!   `continue` between forward and backward) are held the same way when their graph outlives
+//!   them (a stored exception's traceback keeps the frame that holds the loss).
 //! - the same, for passes awaiting a deferred backward that had not run when the trace ended
 //!   (at an OOM): what filled memory.
 //!
@@ -30,6 +33,7 @@ enum Key {
     Backward(Option<FrameId>),
     Kept(Option<FrameId>),
     Awaiting(Option<FrameId>),
+    Skipped(Option<FrameId>),
 }
 
 #[derive(Default)]
@@ -59,6 +63,8 @@ impl Detector for RetainedGraph {
             let key = match unit.fate {
                 UnitFate::RetainedByBackward { backward } => Key::Backward(cx.phases.backwards[backward].line),
                 UnitFate::Unconsumed if unit.grad_on => Key::Kept(unit.call_site),
+                // A training pass whose backward was skipped: held only by a reference.
+                UnitFate::Abandoned => Key::Skipped(unit.call_site),
                 UnitFate::AwaitingBackward => Key::Awaiting(unit.call_site),
                 _ => continue,
             };
@@ -123,6 +129,7 @@ impl Detector for RetainedGraph {
                 Key::Backward(_) => (GraphHold::RetainedByBackward, Occurrence::Iteration, None),
                 Key::Kept(c) => (GraphHold::KeptReference, Occurrence::Pass, c),
                 Key::Awaiting(c) => (GraphHold::AwaitingBackward, Occurrence::Pass, c),
+                Key::Skipped(c) => (GraphHold::SkippedBackward, Occurrence::Pass, c),
             };
             let first_unit = &lc.units[g.units[0]];
             let forward_call = call.or(first_unit.call_site);

@@ -119,7 +119,8 @@ fn through_evaluation(cx: &Context, leak_lines: &[Option<FrameId>]) -> Option<Fi
     // Where they were finally freed: the user's line on the stacks of their free events (with
     // `context="all"` frees carry the stack of the code that freed). That line is the fix.
     let mut freers: BTreeMap<FrameId, (u32, memsnap_model::StackId)> = BTreeMap::new();
-    for &bi in &blocks {
+    // With `context="alloc"` a free carries the allocation's stack, which names no freer.
+    for &bi in blocks.iter().filter(|_| !phases.free_stacks_from_alloc) {
         let Some(f) = d.blocks[bi].free_requested_event() else { continue };
         let stack = cx.events[f as usize].stack;
         if let Some(site) = cx.stacks.get(stack).site {

@@ -7,4 +7,5 @@ mod detector_oom;
 mod detector_reference_leak;
 mod detector_retained_graph;
 mod detector_unreleased_gradient;
+mod recording_and_control_flow;
 mod thresholds;

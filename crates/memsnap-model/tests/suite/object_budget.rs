@@ -12,7 +12,7 @@ use memsnap_pickle::{CountingReader, ObjectBudget};
 fn real_fixtures() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures");
     let mut out = Vec::new();
-    for dir in ["dev", "extra", "extra2", "extra3"] {
+    for dir in ["dev", "extra", "extra2", "extra3", "extra4"] {
         let Ok(entries) = std::fs::read_dir(root.join(dir)) else { continue };
         for e in entries.flatten() {
             let p = e.path();

@@ -9,10 +9,11 @@ use memsnap_model::{read_snapshot_from, read_snapshot_with, ReadOptions, Snapsho
 /// Every fixture pickle, decompressed, with its name.
 fn fixtures() -> Vec<(String, Vec<u8>)> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures");
-    let mut dirs: Vec<PathBuf> = ["dev", "extra", "extra2", "extra3", "variants", "multi", "formats", "hostile"]
-        .iter()
-        .map(|d| root.join(d))
-        .collect();
+    let mut dirs: Vec<PathBuf> =
+        ["dev", "extra", "extra2", "extra3", "extra4", "variants", "multi", "formats", "hostile"]
+            .iter()
+            .map(|d| root.join(d))
+            .collect();
     let shared = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/snapshots");
     if let Ok(entries) = std::fs::read_dir(&shared) {
         dirs.extend(entries.flatten().map(|e| e.path()).filter(|p| p.is_dir()));

@@ -523,7 +523,7 @@ fn assert_stream_agrees(what: &str, data: &[u8]) {
 fn a_stream_reads_every_fixture_as_memory_does() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures");
     let mut n = 0;
-    for dir in ["dev", "extra", "extra2", "extra3", "variants", "multi", "hostile"] {
+    for dir in ["dev", "extra", "extra2", "extra3", "extra4", "variants", "multi", "hostile"] {
         let Ok(entries) = std::fs::read_dir(root.join(dir)) else { continue };
         for e in entries.flatten() {
             let path = e.path();
