@@ -396,6 +396,17 @@ pub fn lifecycle(
 fn abandoned_training_passes(events: &[TraceEvent], stacks: &StackTable, units: &mut [Unit]) {
     let chain = |u: &Unit| stacks.get(events[u.pass_span.start as usize].stack).caller_chain;
     let consumed = |u: &Unit| matches!(u.fate, UnitFate::Consumed { .. });
+    // The unit before and after each one from the same call site, found in two walks (a search
+    // per unit would cost units² on a trace whose call sites do not repeat).
+    let (mut prev, mut next) = (vec![None; units.len()], vec![None; units.len()]);
+    let mut last: FxHashMap<Option<FrameId>, usize> = FxHashMap::default();
+    for (k, u) in units.iter().enumerate() {
+        prev[k] = last.insert(u.call_site, k);
+    }
+    last.clear();
+    for (k, u) in units.iter().enumerate().rev() {
+        next[k] = last.insert(u.call_site, k);
+    }
     let mut marks = Vec::new();
     for k in 0..units.len() {
         let u = &units[k];
@@ -406,9 +417,7 @@ fn abandoned_training_passes(events: &[TraceEvent], stacks: &StackTable, units: 
         if c == 0 {
             continue;
         }
-        let prev = units[..k].iter().rev().find(|v| v.call_site == u.call_site);
-        let next = units[k + 1..].iter().find(|v| v.call_site == u.call_site);
-        if let (Some(p), Some(n)) = (prev, next) {
+        if let (Some(p), Some(n)) = (prev[k].map(|p| &units[p]), next[k].map(|n| &units[n])) {
             if consumed(p) && consumed(n) && chain(p) == c && chain(n) == c {
                 marks.push(k);
             }
