@@ -40,8 +40,11 @@ class Suspect:
     #: The memory at stake (see docs/json.md for what it counts per kind).
     bytes: int
     bytes_at_peak: Optional[int]
-    #: Median growth per iteration (or pass, ``growth_unit``); ``None`` when it does not grow.
+    #: Median growth per iteration (or per pass or per call, as ``growth_unit`` says); ``None``
+    #: when it does not grow.
     growth_bytes_per_iteration: Optional[int]
+    #: ``"iteration"``, ``"pass"`` or ``"call"`` (one call of the user's function that runs the
+    #: model several times, such as a decoding loop: a leak that repeats per request).
     growth_unit: str
     #: The device's peak had this suspect's blocks never been allocated.
     peak_allocated_bytes_without: Optional[int]

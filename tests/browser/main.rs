@@ -486,7 +486,7 @@ fn every_fixture_page_works_without_errors() {
     let Some(mut b) = cdp::launch() else { return };
     let dir = tempfile::tempdir().unwrap();
     let mut inputs: Vec<PathBuf> = Vec::new();
-    for sub in ["dev", "formats", "multi", "extra3"] {
+    for sub in ["dev", "formats", "multi", "extra3", "extra4"] {
         for e in std::fs::read_dir(root().join("fixtures").join(sub)).unwrap() {
             let p = e.unwrap().path();
             let name = p.file_name().unwrap().to_string_lossy().into_owned();
