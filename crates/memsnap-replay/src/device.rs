@@ -167,14 +167,28 @@ fn route(
     let mut live: Vec<(u64, u64, u32)> = units.iter().enumerate().map(|(k, u)| (u.start, u.end, k as u32)).collect();
     live.sort_unstable();
     let chunk_len = events.len().div_ceil(rayon::current_num_threads() * ROUTE_CHUNKS_PER_THREAD).max(MIN_ROUTE_CHUNK);
-    let mut starts: Vec<Vec<(u64, u64, u32)>> = Vec::new();
+    // Chunks: (first event, the units reserved then). A chunk boundary is skipped (its chunk
+    // runs on) when its copy would take the copies past one unit per `EVENTS_PER_UNIT_COPY`
+    // events: a file with as many live segments as events is routed in one chunk, not in one
+    // copy of them per thread.
+    let copy_budget = events.len() / EVENTS_PER_UNIT_COPY;
+    let mut copied = 0usize;
+    let mut boundary = 0usize;
+    let mut starts: Vec<(usize, Vec<(u64, u64, u32)>)> = Vec::new();
+    let mut cut = |at: usize, live: &Vec<(u64, u64, u32)>, starts: &mut Vec<(usize, Vec<(u64, u64, u32)>)>| {
+        if starts.is_empty() || copied + live.len() <= copy_budget {
+            copied += live.len();
+            starts.push((at, live.clone()));
+        }
+    };
     // What each segment allocation or free did, in event order: (event, change of `live`).
     let mut changes: Vec<(u32, LiveChange)> = Vec::new();
     let mut seg_log = Log::default();
     for &i in segment_events {
         let e = &events[i as usize];
-        while starts.len() * chunk_len <= i as usize {
-            starts.push(live.clone());
+        while boundary <= i as usize {
+            cut(boundary, &live, &mut starts);
+            boundary += chunk_len;
         }
         match e.action() {
             Action::SegmentAlloc => {
@@ -201,16 +215,23 @@ fn route(
             _ => {}
         }
     }
-    while starts.len() * chunk_len < events.len() {
-        starts.push(live.clone());
+    while boundary < events.len() {
+        cut(boundary, &live, &mut starts);
+        boundary += chunk_len;
     }
     let mut owner = vec![NO_UNIT; events.len()];
-    let mut routed: Vec<Log> = owner
-        .par_chunks_mut(chunk_len)
+    let mut slices: Vec<&mut [u32]> = Vec::with_capacity(starts.len());
+    let mut rest = &mut owner[..];
+    for k in 0..starts.len() {
+        let len = starts.get(k + 1).map_or(rest.len(), |s| s.0 - starts[k].0);
+        let (chunk, tail) = rest.split_at_mut(len);
+        slices.push(chunk);
+        rest = tail;
+    }
+    let mut routed: Vec<Log> = slices
+        .into_par_iter()
         .zip(starts)
-        .enumerate()
-        .map(|(c, (owner, mut live))| {
-            let first = c * chunk_len;
+        .map(|(owner, (first, mut live))| {
             let mut log = Log::default();
             let mut next = changes.partition_point(|(i, _)| (*i as usize) < first);
             for (k, e) in events[first..first + owner.len()].iter().enumerate() {
@@ -284,6 +305,9 @@ enum LiveChange {
 /// (a short trace is one chunk).
 const ROUTE_CHUNKS_PER_THREAD: usize = 2;
 const MIN_ROUTE_CHUNK: usize = 1 << 16;
+/// The chunks' copies of the reserved units (24 bytes a unit) hold at most a unit per this many
+/// events (4 bytes of routing each), whatever the thread count.
+const EVENTS_PER_UNIT_COPY: usize = 4;
 
 /// The live unit whose range holds `addr`.
 fn find(live: &[(u64, u64, u32)], addr: u64) -> Option<usize> {

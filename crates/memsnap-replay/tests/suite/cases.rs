@@ -322,3 +322,42 @@ fn long_traces_route_alike_on_any_thread_count() {
         assert!(on(threads) == d, "{threads} threads replay differently from 4");
     }
 }
+
+#[test]
+fn many_live_segments_route_alike_with_fewer_chunks() {
+    // 40,000 segments reserved at once, then each used and released: a chunk boundary where tens
+    // of thousands of segments are reserved is skipped when its copy of them would pass the
+    // budget (a unit per 4 events), so chunks differ in length; the routing must not change.
+    const SEGMENTS: u64 = 40_000;
+    let size = 20 * MIB;
+    let at = |k: u64| BASE + k * 32 * MIB;
+    let mut events: Vec<TraceEvent> = (0..SEGMENTS).map(|k| ev(Action::SegmentAlloc, at(k), size)).collect();
+    for k in 0..SEGMENTS {
+        events.push(ev(Action::Alloc, at(k), size));
+        events.push(ev(Action::FreeRequested, at(k), size));
+        events.push(ev(Action::FreeCompleted, at(k), size));
+        events.push(ev(Action::SegmentFree, at(k), size));
+    }
+    let snapshot = Snapshot {
+        traces: vec![DeviceTrace { device: 0, events, summary: None }],
+        strings: vec![String::new()],
+        stacks: vec![Stack::default()],
+        ..Snapshot::default()
+    };
+    let on = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        pool.install(|| replay(&snapshot).devices.remove(0))
+    };
+    let d = on(4);
+    assert_eq!(d.diagnostic_count, 0, "{:?}", d.diagnostics);
+    let lives: Vec<_> = d.blocks.iter().map(|b| (b.address, b.alloc_event(), b.freed_at())).collect();
+    let first = SEGMENTS as u32;
+    let expected: Vec<_> =
+        (0..SEGMENTS).map(|k| (at(k), Some(first + k as u32 * 4), Some(first + k as u32 * 4 + 1))).collect();
+    assert_eq!(lives, expected);
+    assert_eq!(d.peaks.reserved.value, SEGMENTS * size);
+    assert!(d.check.matches_snapshot, "{:?}", d.check.mismatches);
+    for threads in [1, 2, 8] {
+        assert!(on(threads) == d, "{threads} threads replay differently from 4");
+    }
+}
