@@ -138,7 +138,7 @@ pub fn analyze_with(snap: &Snapshot, replay: &Replay, thresholds: &Thresholds) -
 }
 
 /// What the analysis reads of the trace alone, without the replay: the stack table and each
-/// device's phases and label spans. A caller that replays can build it side by side with the
+/// device's phases, label spans and annotations. A caller that replays can build it side by side with the
 /// replay (`rayon::join`) and hand it to [`analyze_prepared`].
 pub struct Prepared {
     stacks: StackTable,
