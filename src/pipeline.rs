@@ -166,9 +166,10 @@ pub fn pre_trace_blocks(snap: &Snapshot) -> (u64, u64) {
     use memsnap_model::BlockState;
     let mut blocks = 0;
     let mut bytes = 0;
-    // Per traced device: its trace and the sizes of its allocated blocks, by address (only
-    // those addresses are looked for among the trace's allocations).
-    let mut traced: std::collections::HashMap<u32, (&memsnap_model::DeviceTrace, Vec<(u64, u64)>)> =
+    // Per traced device: its trace and its allocated blocks, (address, size) (only those
+    // addresses are looked for among the trace's allocations).
+    type Allocated = Vec<(u64, u64)>;
+    let mut traced: std::collections::HashMap<u32, (&memsnap_model::DeviceTrace, Allocated)> =
         snap.traces.iter().filter(|tr| tr.entries() > 0).map(|tr| (tr.device, (tr, Vec::new()))).collect();
     for seg in &snap.segments {
         let Some((_, live)) = traced.get_mut(&seg.device) else { continue };

@@ -351,7 +351,7 @@ fn analysis_text(a: &Analyzed, top: usize, by: By) -> String {
     if !file_caveats.is_empty() {
         let _ = writeln!(s, "\nFILE CAVEATS");
         for c in file_caveats {
-            let _ = writeln!(s, "{}", wrap("  - ", &printable(&c), 4, width));
+            let _ = writeln!(s, "{}", wrap("  - ", &printable(c), 4, width));
         }
     }
     s

@@ -327,8 +327,6 @@ impl DeviceTrace {
     }
 }
 
-/// Every action, in display order.
-
 fn action_index(a: Action) -> usize {
     a as usize
 }

@@ -164,7 +164,7 @@ fn route(
     // allocations and frees change it: a walk over those alone decides them (and creates their
     // units), then every other event is routed in parallel, each chunk of events from the set of
     // units reserved at its start.
-    let mut live: Vec<(u64, u64, u32)> = units.iter().enumerate().map(|(k, u)| (u.start, u.end, k as u32)).collect();
+    let mut live: LiveUnits = units.iter().enumerate().map(|(k, u)| (u.start, u.end, k as u32)).collect();
     live.sort_unstable();
     let chunk_len = events.len().div_ceil(rayon::current_num_threads() * ROUTE_CHUNKS_PER_THREAD).max(MIN_ROUTE_CHUNK);
     // Chunks: (first event, the units reserved then). A chunk boundary is skipped (its chunk
@@ -174,8 +174,8 @@ fn route(
     let copy_budget = events.len() / EVENTS_PER_UNIT_COPY;
     let mut copied = 0usize;
     let mut boundary = 0usize;
-    let mut starts: Vec<(usize, Vec<(u64, u64, u32)>)> = Vec::new();
-    let mut cut = |at: usize, live: &Vec<(u64, u64, u32)>, starts: &mut Vec<(usize, Vec<(u64, u64, u32)>)>| {
+    let mut starts: Vec<(usize, LiveUnits)> = Vec::new();
+    let mut cut = |at: usize, live: &LiveUnits, starts: &mut Vec<(usize, LiveUnits)>| {
         if starts.is_empty() || copied + live.len() <= copy_budget {
             copied += live.len();
             starts.push((at, live.clone()));
@@ -292,6 +292,9 @@ fn route(
 fn new_unit(start: u64, end: u64, expandable: bool, meta: Meta) -> Unit {
     Unit { start, end, expandable, meta, reserved_at_start: Vec::new(), finals: Vec::new(), event_count: 0 }
 }
+
+/// Units whose memory is reserved, by start address: (start, end, unit).
+type LiveUnits = Vec<(u64, u64, u32)>;
 
 /// How a segment allocation or free changed the units reserved (positions in the sorted list).
 #[derive(Clone, Copy)]

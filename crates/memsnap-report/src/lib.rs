@@ -259,7 +259,7 @@ fn device_report(
     let events = snap.trace(d.device).map_or(&[][..], |t| &t.events[..]);
     let phases = &da.trace_phases;
 
-    let timeline = timeline::sample(snap, stacks, &phases, d, da, opts.max_points, opts.top_sites, opts.x_axis)
+    let timeline = timeline::sample(snap, stacks, phases, d, da, opts.max_points, opts.top_sites, opts.x_axis)
         .map(|t| Figure::from_svg(timeline::render(&t, opts.width as u32), opts.width));
 
     let peak = &da.peak;
@@ -317,7 +317,7 @@ fn device_report(
         .iter()
         .map(|(map, when)| {
             let seg =
-                segmap::build(snap, stacks, &phases, d, map, when, opts.max_segments, segmap::bar_width(opts.width));
+                segmap::build(snap, stacks, phases, d, map, when, opts.max_segments, segmap::bar_width(opts.width));
             Figure::from_svg(segmap::render(&seg, opts.width), opts.width)
         })
         .collect();

@@ -322,7 +322,7 @@ fn device(
 
     // Suspects' blocks first, then the rest of the budget.
     let matched: Vec<Vec<usize>> =
-        suspects.iter().map(|s| blocks::suspect_blocks(snap, stacks, &phases, events, d, s.suspect)).collect();
+        suspects.iter().map(|s| blocks::suspect_blocks(snap, stacks, phases, events, d, s.suspect)).collect();
     let first: Vec<usize> = matched.iter().flatten().copied().collect::<BTreeSet<usize>>().into_iter().collect();
     let mut kept = blocks::select(d, &first, &ranges, budgets.blocks);
     kept.sort_by_key(|&i| (d.blocks[i].alloc_event().map_or(-1, |a| a as i64), i));
@@ -349,8 +349,8 @@ fn device(
         .par_iter()
         .map(|&i| {
             let b = &d.blocks[i];
-            let (attr, stack) = attribute(events, &phases, stacks, b);
-            let cat = categorize(events, &phases, stacks, b, attr);
+            let (attr, stack) = attribute(events, phases, stacks, b);
+            let cat = categorize(events, phases, stacks, b, attr);
             (attr, stack, cat, blocks::segment_of(&seg_refs, b))
         })
         .collect();
@@ -508,7 +508,7 @@ fn device(
         windows: wins,
         windows_total: n.div_ceil(WINDOW_EVENTS),
         streams: streams.iter().map(|s| format!("{s:x}")).collect(),
-        phases: phase_data(snap, da, &phases, events, n, annotations),
+        phases: phase_data(snap, da, phases, events, n, annotations),
         ooms_total: ooms.len(),
         ooms: ooms.into_iter().take(MAX_OOMS).collect(),
         pools: pool_names,
