@@ -273,6 +273,22 @@ fn series_values_far_from_their_chunk_start_are_exact() {
     assert_eq!(d.peaks.allocated.value, 8 * GIB);
 }
 
+/// A snapshot of one device's trace whose segments were all released by the dump.
+fn no_segments_at_dump(events: Vec<TraceEvent>) -> Snapshot {
+    Snapshot {
+        traces: vec![DeviceTrace { device: 0, events, summary: None }],
+        strings: vec![String::new()],
+        stacks: vec![Stack::default()],
+        ..Snapshot::default()
+    }
+}
+
+/// The replay of device 0 on a pool of `threads` threads.
+fn replay_on(snapshot: &Snapshot, threads: usize) -> DeviceReplay {
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+    pool.install(|| replay(snapshot).devices.remove(0))
+}
+
 #[test]
 fn long_traces_route_alike_on_any_thread_count() {
     // Events are routed to segments in parallel chunks (of at least 65,536 events), each from
@@ -293,16 +309,8 @@ fn long_traces_route_alike_on_any_thread_count() {
         events.push(ev(Action::FreeCompleted, a, size));
         events.push(ev(Action::SegmentFree, a, size));
     }
-    let snapshot = Snapshot {
-        traces: vec![DeviceTrace { device: 0, events, summary: None }],
-        strings: vec![String::new()],
-        stacks: vec![Stack::default()],
-        ..Snapshot::default()
-    };
-    let on = |threads: usize| {
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
-        pool.install(|| replay(&snapshot).devices.remove(0))
-    };
+    let snapshot = no_segments_at_dump(events);
+    let on = |threads: usize| replay_on(&snapshot, threads);
     let d = on(4);
     assert_eq!(d.diagnostic_count, CYCLES);
     let stray: Vec<_> = d.diagnostics.iter().map(|x| (x.event_index, x.address, x.kind)).collect();
@@ -338,16 +346,8 @@ fn many_live_segments_route_alike_with_fewer_chunks() {
         events.push(ev(Action::FreeCompleted, at(k), size));
         events.push(ev(Action::SegmentFree, at(k), size));
     }
-    let snapshot = Snapshot {
-        traces: vec![DeviceTrace { device: 0, events, summary: None }],
-        strings: vec![String::new()],
-        stacks: vec![Stack::default()],
-        ..Snapshot::default()
-    };
-    let on = |threads: usize| {
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
-        pool.install(|| replay(&snapshot).devices.remove(0))
-    };
+    let snapshot = no_segments_at_dump(events);
+    let on = |threads: usize| replay_on(&snapshot, threads);
     let d = on(4);
     assert_eq!(d.diagnostic_count, 0, "{:?}", d.diagnostics);
     let lives: Vec<_> = d.blocks.iter().map(|b| (b.address, b.alloc_event(), b.freed_at())).collect();
