@@ -41,6 +41,14 @@ pub trait Compactor {
     fn fast_forward(&mut self, _ahead: Ahead<'_, '_>) -> Result<Option<Advanced>, PickleError> {
         Ok(None)
     }
+
+    /// Whether [`Compactor::fast_forward`] may read on from pickle offset `offset`: asked
+    /// before the VM fills a window ahead for it, which costs a copy of up to a window's bytes
+    /// (once per offer, and a pickle of many small lists makes an offer per list). `false`
+    /// (the default) means the VM reads on without asking.
+    fn reads_ahead_at(&self, _offset: u64) -> bool {
+        false
+    }
 }
 
 /// What [`Compactor::fast_forward`] may read and change.
@@ -672,6 +680,7 @@ impl<'a, S: Source<'a>> Vm<'a, '_, S> {
         while self.memo.len() as u64 == self.memo_count
             && self.sparse_memo.is_empty()
             && self.frame_end > self.src.offset()
+            && compactor.reads_ahead_at(self.src.offset())
         {
             let (at, op) = (self.op_start, self.op);
             let offset = self.src.offset();

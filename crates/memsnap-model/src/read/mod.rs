@@ -736,6 +736,10 @@ impl Compactor for Builder {
         parallel::fast_forward(self, ahead)
     }
 
+    fn reads_ahead_at(&self, offset: u64) -> bool {
+        self.parallel && offset >= self.resume_at
+    }
+
     fn retained_bytes(&self) -> u64 {
         let per_frame = (std::mem::size_of::<Frame>() * 2 + 8) as u64;
         self.events.len() as u64 * std::mem::size_of::<TraceEvent>() as u64

@@ -39,9 +39,10 @@ const CHUNK_BYTES: usize = 1 << 20;
 
 /// After a window that read little (less than a quarter of it) the VM reads this far alone
 /// before the next try, twice as far after each further such window, at most
-/// [`MAX_BACKOFF`]; a window read to its end resets it. It bounds the work a file can waste:
-/// a try scans a whole window, so a file whose every batch stops the decoder early would
-/// otherwise be scanned once per batch.
+/// [`MAX_BACKOFF`]; a window read to its end resets it. So does an offer where no batch
+/// starts. It bounds the work a file can waste: a try fills and scans a whole window, so a file
+/// whose every batch stops the decoder early, or that holds many small lists (an offer each),
+/// would otherwise cost a window per batch or per list.
 const FIRST_BACKOFF: u64 = 4 << 20;
 const MAX_BACKOFF: u64 = 256 << 20;
 
@@ -60,6 +61,9 @@ pub(super) fn fast_forward(b: &mut Builder, ahead: Ahead<'_, '_>) -> Result<Opti
     let chunk_bytes = if b.chunk_bytes == 0 { CHUNK_BYTES } else { b.chunk_bytes };
     let (bounds, chain_to_end) = chunk_bounds(bytes, frame_rel, chunk_bytes);
     if bounds.len() < 2 || !batch_starts(bytes, 0, view, true) {
+        // Not a trace going on (the end of one, or a small list): the VM reads on alone for a
+        // while, so that a pickle of many small lists does not fill a window per list.
+        b.back_off(offset);
         return Ok(None);
     }
     // One batch first, on this thread: a file whose batches the decoder does not take costs
