@@ -46,6 +46,19 @@ fn a_hundred_thousand_devices_cost_linear_work_in_every_command() {
     let out = dir.path().join("rows.jsonl");
     let run = memsnap(&["batch", f, "-o", out.to_str().unwrap()]);
     assert_eq!(run.code, Some(0), "{}", run.stderr);
+    // Reports draw at most 64 devices and name the rest: every form stays small.
+    for (name, extra) in [("page.html", None), ("static.html", Some("--static")), ("image.svg", None)] {
+        let out = dir.path().join(name);
+        let mut args = vec!["report", f, "-o", out.to_str().unwrap()];
+        args.extend(extra);
+        let run = memsnap(&args);
+        assert_eq!(run.code, Some(0), "{args:?}: {}", run.stderr);
+        let text = std::fs::read_to_string(&out).unwrap();
+        assert!(text.len() < 8 << 20, "{name}: {} bytes for 64 drawn devices", text.len());
+        assert!(text.contains("the report draws 64 of the file"), "{name}: no caveat for the devices left out");
+        assert!(text.contains("99,936 others (devices 64–99999)"), "{name}: the devices left out are not named");
+        eprintln!("{args:?}: {:?}", run.elapsed);
+    }
 }
 
 #[test]

@@ -13,6 +13,7 @@
 //!
 //! [`flame`] also serves `memsnap flamegraph`: folded stacks as text, or an SVG icicle chart.
 
+mod drawn;
 pub mod flame;
 mod html;
 pub mod interactive;
@@ -27,6 +28,7 @@ use memsnap_model::{classify_filename, clip, Action, FrameKind, Snapshot};
 use memsnap_replay::{DeviceReplay, Replay};
 use rayon::prelude::*;
 
+pub use drawn::{drawn_devices, Drawn, DrawnDevice, MAX_DRAWN_DEVICES};
 pub use flame::{flamegraph_svg, folded_text, FlameOptions};
 
 use crate::text::{fmt_bytes, fmt_count, fmt_seconds, pct};
@@ -215,18 +217,15 @@ pub fn live_folded(snap: &Snapshot, stacks: &StackTable, blocks: &[LiveBlock], m
 pub fn build(input: &ReportInput<'_>, opts: &ReportOptions) -> Report {
     let snap = input.snapshot;
     let analysis = input.analysis;
-    let devices: Vec<DeviceReport> = analysis
-        .devices
-        .par_iter()
-        .filter_map(|da| input.replay.device(da.device).map(|d| (da, d)))
-        .map(|(da, d)| device_report(snap, analysis, da, d, opts))
-        .collect();
+    let drawn = drawn_devices(analysis, input.replay);
+    let devices: Vec<DeviceReport> =
+        drawn.devices.par_iter().map(|&(da, d)| device_report(snap, analysis, da, d, opts)).collect();
     let events: usize = snap.traces.iter().map(|t| t.events.len()).sum();
     let subtitle = format!(
         "PyTorch CUDA memory snapshot · {} · {} device{} · {} trace events · {} pickle ({})",
         fmt_bytes(input.file_bytes),
-        devices.len(),
-        if devices.len() == 1 { "" } else { "s" },
+        fmt_count(drawn.of as u64),
+        if drawn.of == 1 { "" } else { "s" },
         fmt_count(events as u64),
         fmt_bytes(input.pickle_bytes),
         snap.source.producer.name()
@@ -243,7 +242,7 @@ pub fn build(input: &ReportInput<'_>, opts: &ReportOptions) -> Report {
         subtitle,
         suspects: analysis.suspects().into_iter().map(SuspectView::of).collect(),
         devices,
-        file_caveats: input.file_caveats.to_vec(),
+        file_caveats: input.file_caveats.iter().cloned().chain(drawn.caveat).collect(),
         width: opts.width,
     }
 }

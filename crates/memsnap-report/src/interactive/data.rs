@@ -231,8 +231,8 @@ pub fn build(input: &ReportInput<'_>, detail: &Detail) -> PageData {
     let analysis = input.analysis;
     let annotations = snap.annotations_by_device();
     let ranked = analysis.suspects();
-    let devices: Vec<(&DeviceAnalysis, &DeviceReplay)> =
-        analysis.devices.iter().filter_map(|da| input.replay.device(da.device).map(|d| (da, d))).collect();
+    // The devices the report draws (the page wraps the report's device sections).
+    let devices = crate::drawn_devices(analysis, input.replay).devices;
     let all_events: usize = devices.iter().map(|(_, d)| d.event_count).sum();
     let all_blocks: usize = devices.iter().map(|(_, d)| d.blocks.len()).sum();
     let built: Vec<(DeviceData, Vec<(usize, SuspectData)>)> = devices
