@@ -131,12 +131,14 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
             let what = match origin {
                 LeakOrigin::TrainedForward => "outputs or intermediates of forward passes whose graphs a backward already freed, so no graph holds them",
                 LeakOrigin::NoGradForward => "outputs of forward passes run without grad, so no graph holds them",
+                LeakOrigin::ReleasedGraphForward => "outputs or inputs of forward passes run with grad that no backward ran through, kept after their graphs were let go (a detached output, the batch), so no graph holds them",
                 LeakOrigin::UserCode => "tensors made at this line outside any model call",
                 LeakOrigin::Backward => "tensors made by the autograd engine that are not parameter gradients (the gradient of an activation, as a backward hook receives it)",
                 LeakOrigin::Unattributed => "tensors recorded without stacks, so the line that made them cannot be named",
                 LeakOrigin::StateOnly => "live at the dump from this one line (the file has no trace: this rests on the dump-time state only)",
+                LeakOrigin::DumpStacksOnly => "live at the dump from this one line (the trace carries no stacks, as with `context=\"state\"`: only the dump's blocks name their lines, so this rests on the dump-time state)",
             };
-            if *origin == LeakOrigin::StateOnly {
+            if matches!(origin, LeakOrigin::StateOnly | LeakOrigin::DumpStacksOnly) {
                 format!("{} {what}. {tail}.", plural(*blocks, "block", "blocks"))
             } else {
                 let many = match occurrence {

@@ -6,7 +6,9 @@
 //! outputs, a metrics dict, a cache, a closure, a global list). What is kept is outputs or
 //! intermediates, never saved tensors (those are `retained_graph`'s). Claims, for blocks still
 //! allocated at the end of the trace:
-//! - blocks of forward passes a backward consumed, or of passes run without grad;
+//! - blocks of forward passes a backward consumed, or of passes run without grad, or of grad-on
+//!   passes no backward ran through whose graph the program let go (`Lifecycle::graph_held`:
+//!   only a detached output or the inputs stay; a skipped step's payload kept for debugging);
 //! - tensors made by the user's code outside any model call (not construction, not optimizer);
 //! - tensors made by the autograd engine that are not parameter gradients (a backward hook);
 //! - with no stacks at all, growth that cannot be placed;
@@ -38,6 +40,7 @@ enum Key {
 enum Origin {
     Trained,
     NoGrad,
+    GraphReleased,
     User,
     Backward,
 }
@@ -140,7 +143,14 @@ impl Detector for ReferenceLeak {
         // A state-only recording (`enabled="state"`) has no allocation in its trace, at most a
         // marker entry: only the dump can speak.
         if !cx.traced {
-            return state_only(cx);
+            return state_only(cx, &FxHashMap::default(), LeakOrigin::StateOnly);
+        }
+        // A trace whose events carry no stacks while the dump's blocks do (recorded with
+        // `context="state"`: the allocator keeps a stack only for blocks still allocated) cannot
+        // place any event, but the dump can speak as in a state-only file, with each live
+        // block's stack read from the dump by its address.
+        if let Some(dump_stacks) = dump_only_stacks(cx) {
+            return state_only(cx, &dump_stacks, LeakOrigin::DumpStacksOnly);
         }
         let lc = cx.lifecycle;
         // Kept outputs of no-grad passes counted per call of the helper that runs the model
@@ -162,6 +172,9 @@ impl Detector for ReferenceLeak {
                     let origin = match unit.fate {
                         UnitFate::Consumed { .. } => Origin::Trained,
                         UnitFate::Unconsumed if !unit.grad_on => Origin::NoGrad,
+                        // Grad on, no backward, and the graph let go: what stays is held by a
+                        // reference to the tensors themselves (a detached output, the inputs).
+                        UnitFate::Unconsumed | UnitFate::Abandoned if !lc.graph_held(u) => Origin::GraphReleased,
                         _ => return (groups, per_call),
                     };
                     let last_op =
@@ -186,7 +199,7 @@ impl Detector for ReferenceLeak {
                             info.module_call.or(info.site)
                         };
                         let (occ, pass) = match origin {
-                            Origin::NoGrad => (u, true),
+                            Origin::NoGrad | Origin::GraphReleased => (u, true),
                             _ => match cx.iteration_of(b) {
                                 Some(it) => (it, false),
                                 None => continue,
@@ -253,6 +266,7 @@ impl Detector for ReferenceLeak {
                     match o {
                         Origin::Trained => LeakOrigin::TrainedForward,
                         Origin::NoGrad => LeakOrigin::NoGradForward,
+                        Origin::GraphReleased => LeakOrigin::ReleasedGraphForward,
                         Origin::User => LeakOrigin::UserCode,
                         Origin::Backward => LeakOrigin::Backward,
                     },
@@ -311,23 +325,44 @@ impl Detector for ReferenceLeak {
     }
 }
 
-/// No trace: live blocks at the dump grouped by the line that allocated them (the line that ran
-/// the model for model outputs), leaving out parameters, optimizer state and frameless blocks.
-fn state_only(cx: &Context) -> Vec<Finding> {
+/// For a trace none of whose allocations has a user frame while some live block of the dump
+/// has: the dump's stack of each live block, by address. `None` otherwise.
+fn dump_only_stacks(cx: &Context) -> Option<FxHashMap<u64, StackId>> {
+    let allocs = || cx.events.iter().filter(|e| e.action() == memsnap_model::Action::Alloc);
+    if allocs().next().is_none() || allocs().any(|e| !cx.stacks.userless(e.stack)) {
+        return None;
+    }
+    let stacks: FxHashMap<u64, StackId> = cx
+        .snap
+        .segments
+        .iter()
+        .filter(|s| s.device == cx.replay.device)
+        .flat_map(|s| s.blocks.iter())
+        .filter(|b| !cx.stacks.userless(b.stack))
+        .map(|b| (b.address, b.stack))
+        .collect();
+    (!stacks.is_empty()).then_some(stacks)
+}
+
+/// No trace (or one without stacks): live blocks at the dump grouped by the line that allocated
+/// them (the line that ran the model for model outputs), leaving out parameters, optimizer state
+/// and frameless blocks. `dump_stacks`: stacks by address for blocks whose own has no frames.
+fn state_only(cx: &Context, dump_stacks: &FxHashMap<u64, StackId>, origin: LeakOrigin) -> Vec<Finding> {
     let mut by: BTreeMap<FrameId, (Vec<usize>, StackId, u64)> = BTreeMap::new();
     for (bi, b) in cx.replay.blocks.iter().enumerate() {
         if b.freed_at().is_some() {
             continue;
         }
-        let info = cx.stacks.get(b.stack);
+        let stack = if cx.stacks.userless(b.stack) { dump_stacks.get(&b.address).copied().unwrap_or(b.stack) } else { b.stack };
+        let info = cx.stacks.get(stack);
         if info.construction || info.optimizer || info.backward_launch || info.recompute {
             continue;
         }
         let Some(line) = info.forward_call.or(info.site) else { continue };
-        let e = by.entry(line).or_insert((Vec::new(), b.stack, 0));
+        let e = by.entry(line).or_insert((Vec::new(), stack, 0));
         e.0.push(bi);
         if b.size > e.2 {
-            e.1 = b.stack;
+            e.1 = stack;
             e.2 = b.size;
         }
     }
@@ -344,7 +379,7 @@ fn state_only(cx: &Context) -> Vec<Finding> {
             site: Some(cx.site(line)),
             stack,
             facts: Evidence::ReferenceLeak {
-                origin: LeakOrigin::StateOnly,
+                origin,
                 blocks: blocks.len() as u64,
                 occurrences: blocks.len(),
                 eligible: blocks.len(),
