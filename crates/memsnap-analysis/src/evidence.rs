@@ -140,6 +140,9 @@ pub enum LeakOrigin {
     Backward,
     /// No stacks recorded: growth measured, origin unknown.
     Unattributed,
+    /// One tensor re-made larger from its previous version every iteration and kept
+    /// (`x = torch.cat([x, new])`): each allocation frees the one before, the live size grows.
+    Regrown,
     /// Dump-time state only (no trace): many live blocks from one line.
     StateOnly,
     /// A trace without stacks (`context="state"`) whose dump names the live blocks' lines: many

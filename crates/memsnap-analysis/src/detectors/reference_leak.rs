@@ -12,6 +12,8 @@
 //! - tensors made by the user's code outside any model call (not construction, not optimizer);
 //! - tensors made by the autograd engine that are not parameter gradients (a backward hook);
 //! - with no stacks at all, growth that cannot be placed;
+//! - a tensor re-made larger from its previous version every iteration (`x = torch.cat([x, new])`,
+//!   see `regrown`): one block alive at a time, growing;
 //!
 //! and they must come from `min_leak_occurrences` occurrences or more (a leak repeats).
 //! With no trace at all (state-only recordings) it reads the dump: many live blocks from one line.
@@ -256,6 +258,15 @@ impl Detector for ReferenceLeak {
         }
 
         let mut out = Vec::new();
+        let mut reported: BTreeSet<Option<FrameId>> = BTreeSet::new();
+        for (key, g) in &groups {
+            if let Key::Line(l, _) = key {
+                if cx.is_growth(g.kept.len(), g.eligible.len()) {
+                    reported.insert(*l);
+                }
+            }
+        }
+        out.extend(regrown(cx, &reported));
         for (key, g) in groups {
             if !cx.is_growth(g.kept.len(), g.eligible.len()) {
                 continue;
@@ -323,6 +334,86 @@ impl Detector for ReferenceLeak {
         }
         out
     }
+}
+
+/// Tensors re-made larger from their previous version, iteration after iteration, and never
+/// let go: `queue = torch.cat([queue, k])`, `buf = torch.cat([buf, new])`.
+///
+/// Mechanism. Such a line allocates the new, larger tensor while the old one is still alive
+/// (it is the input of the `cat`), then the rebinding frees the old one. No block survives from
+/// one iteration to the next, so counting kept blocks per iteration sees nothing, yet the one
+/// live tensor grows by what each iteration appends. Per user line outside model calls, the
+/// blocks in allocation order form a *chain* when each is freed only after the next one from
+/// the line was allocated and is smaller than it; the chain must end in a block alive at the end
+/// of the trace and span `min_leak_occurrences` iterations or more, at least
+/// `leak_occurrence_share` of those the line allocated in. The suspect's blocks are the chain,
+/// so its live bytes are the tensor's size at each moment and its growth the median increase per
+/// iteration. A buffer that grows within one evaluation and dies with it ends freed: not a
+/// chain to the end. Lines already reported by the per-iteration count are left alone.
+fn regrown(cx: &Context, reported: &BTreeSet<Option<FrameId>>) -> Vec<Finding> {
+    let mut by: BTreeMap<FrameId, Vec<usize>> = BTreeMap::new();
+    for (bi, b) in cx.replay.blocks.iter().enumerate() {
+        let Some(a) = b.alloc_event() else { continue };
+        let info = cx.stacks.get(cx.events[a as usize].stack);
+        if !info.python
+            || info.forward
+            || info.optimizer
+            || info.construction
+            || info.recompute
+            || info.backward_launch
+        {
+            continue;
+        }
+        let Some(site) = info.site else { continue };
+        if !reported.contains(&Some(site)) {
+            by.entry(site).or_default().push(bi);
+        }
+    }
+    let mut out = Vec::new();
+    for (site, blocks) in by {
+        let bs = &cx.replay.blocks;
+        // Blocks are in allocation order. Walk back from the last one while the chain holds.
+        let Some(&last) = blocks.last() else { continue };
+        if bs[last].freed_at().is_some() {
+            continue;
+        }
+        let mut chain = vec![last];
+        for w in blocks.windows(2).rev() {
+            let (prev, next) = (&bs[w[0]], &bs[w[1]]);
+            let replaced = prev.freed_at().zip(next.alloc_event()).is_some_and(|(f, a)| f > a);
+            if w[1] != *chain.last().unwrap() || !replaced || prev.size >= next.size {
+                break;
+            }
+            chain.push(w[0]);
+        }
+        chain.reverse();
+        let iters: BTreeSet<usize> = chain.iter().filter_map(|&bi| cx.iteration_of(&bs[bi])).collect();
+        let eligible: BTreeSet<usize> = blocks.iter().filter_map(|&bi| cx.iteration_of(&bs[bi])).collect();
+        if !cx.is_growth(iters.len(), eligible.len()) {
+            continue;
+        }
+        let stack = cx.event_stack(&bs[last]);
+        out.push(Finding {
+            occurrences: iters.len(),
+            kind: SuspectKind::ReferenceLeak,
+            severity: Severity::Leak,
+            confidence: cx.growth_confidence(iters.len(), eligible.len()),
+            occurrence: Occurrence::Iteration,
+            boundaries: cx.iteration_boundaries(),
+            bytes: None,
+            site: Some(cx.site(site)),
+            stack,
+            facts: Evidence::ReferenceLeak {
+                origin: LeakOrigin::Regrown,
+                blocks: chain.len() as u64,
+                occurrences: iters.len(),
+                eligible: eligible.len(),
+                occurrence: Occurrence::Iteration,
+            },
+            blocks: chain,
+        });
+    }
+    out
 }
 
 /// For a trace none of whose allocations has a user frame while some live block of the dump
