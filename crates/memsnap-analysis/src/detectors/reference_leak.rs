@@ -419,18 +419,20 @@ fn regrown(cx: &Context, reported: &BTreeSet<Option<FrameId>>) -> Vec<Finding> {
 /// For a trace none of whose allocations has a user frame while some live block of the dump
 /// has: the dump's stack of each live block, by address. `None` otherwise.
 fn dump_only_stacks(cx: &Context) -> Option<FxHashMap<u64, StackId>> {
+    if cx.dump_stacks.is_empty() {
+        return None;
+    }
     let allocs = || cx.events.iter().filter(|e| e.action() == memsnap_model::Action::Alloc);
     if allocs().next().is_none() || allocs().any(|e| !cx.stacks.userless(e.stack)) {
         return None;
     }
+    let dev = cx.replay.device;
     let stacks: FxHashMap<u64, StackId> = cx
-        .snap
-        .segments
+        .replay
+        .blocks
         .iter()
-        .filter(|s| s.device == cx.replay.device)
-        .flat_map(|s| s.blocks.iter())
-        .filter(|b| !cx.stacks.userless(b.stack))
-        .map(|b| (b.address, b.stack))
+        .filter(|b| b.freed_at().is_none())
+        .filter_map(|b| cx.dump_stacks.get(&(dev, b.address)).map(|&s| (b.address, s)))
         .collect();
     (!stacks.is_empty()).then_some(stacks)
 }
