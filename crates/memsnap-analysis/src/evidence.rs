@@ -130,6 +130,9 @@ pub enum LeakOrigin {
     TrainedForward,
     /// Outputs of forward passes run without grad (`no_grad`, `inference_mode`).
     NoGradForward,
+    /// Outputs or inputs of grad-on forward passes that no backward ran through, kept after
+    /// their graphs were let go (a detached output, the batch, kept by a reference).
+    ReleasedGraphForward,
     /// Tensors made by the user's code outside any model call.
     UserCode,
     /// Tensors made by the autograd engine that are not gradients of parameters (a backward hook
@@ -137,8 +140,14 @@ pub enum LeakOrigin {
     Backward,
     /// No stacks recorded: growth measured, origin unknown.
     Unattributed,
+    /// One tensor re-made larger from its previous version every iteration and kept
+    /// (`x = torch.cat([x, new])`): each allocation frees the one before, the live size grows.
+    Regrown,
     /// Dump-time state only (no trace): many live blocks from one line.
     StateOnly,
+    /// A trace without stacks (`context="state"`) whose dump names the live blocks' lines: many
+    /// live blocks from one line, as for `StateOnly`.
+    DumpStacksOnly,
 }
 
 /// Where gradients are held.

@@ -200,14 +200,35 @@ pub fn analyze_prepared(snap: &Snapshot, replay: &Replay, prepared: Prepared, th
             (d, prepared)
         })
         .collect();
+    let dump_stacks = dump_stacks(snap, &stacks);
     let devices = work
         .par_drain(..)
         .map(|(d, prepared)| {
             let t = memsnap_model::find_device(&totals, d.device, |t| t.device);
-            analyze_device(snap, &stacks, d, t, prepared, thresholds)
+            analyze_device(snap, &stacks, d, t, prepared, thresholds, &dump_stacks)
         })
         .collect();
     Analysis { devices, stacks }
+}
+
+/// The dump's stack of every block that has user frames, by `(device, address)`, built only when
+/// some device's trace has allocations and none of them has a user frame (`context="state"`:
+/// the allocator keeps stacks only for blocks still allocated); empty otherwise. Built once for
+/// all devices: one pass over the segments.
+fn dump_stacks(snap: &Snapshot, stacks: &StackTable) -> rustc_hash::FxHashMap<(u32, u64), StackId> {
+    let stackless = snap.traces.iter().any(|t| {
+        let mut allocs = t.events.iter().filter(|e| e.action() == memsnap_model::Action::Alloc).peekable();
+        allocs.peek().is_some() && allocs.all(|e| stacks.userless(e.stack))
+    });
+    if !stackless {
+        return Default::default();
+    }
+    snap.segments
+        .iter()
+        .flat_map(|s| s.blocks.iter().map(move |b| (s.device, b)))
+        .filter(|(_, b)| !stacks.userless(b.stack))
+        .map(|(dev, b)| ((dev, b.address), b.stack))
+        .collect()
 }
 
 /// Blocks allocated (not pending) after event `t` (`None`: at the start).
@@ -290,6 +311,7 @@ fn analyze_device(
     totals: Option<&memsnap_model::DeviceTotals>,
     prepared: PreparedDevice,
     thresholds: &Thresholds,
+    dump_stacks: &rustc_hash::FxHashMap<(u32, u64), StackId>,
 ) -> DeviceAnalysis {
     let PreparedDevice { phases, labels, notes } = prepared;
     let events = snap.trace(d.device).map_or(&[][..], |tr| &tr.events[..]);
@@ -347,6 +369,14 @@ fn analyze_device(
             ));
         }
     }
+    caveats.extend(lifecycle::undecided_passes(&lifecycle, thresholds).into_iter().map(|(site, passes, saved)| {
+        format!(
+            "{} at {} ran with grad on and no backward, each between trained passes of the same code that saved as many tensors (the same module mode, so no dropout or batch-norm difference): training steps whose backward was skipped (an exception, a `continue`) or a one-batch evaluation run through the training code without `torch.no_grad()`; the allocations cannot tell which. Each graph ({}) lived until the next pass rebound its variables; if this is an evaluation, run it under `torch.no_grad()`",
+            memsnap_model::plural(passes as u64, "forward pass", "forward passes"),
+            site.map_or_else(|| "an unknown line".to_string(), |f| site::short_of(snap, f)),
+            memsnap_model::format_bytes(saved, 2)
+        )
+    }));
     let peak_known = events.iter().any(|e| e.action() == memsnap_model::Action::Alloc);
     let cx = detectors::Context {
         snap,
@@ -360,6 +390,7 @@ fn analyze_device(
         end: &end,
         param_sizes: detectors::parameter_sizes(stacks, &phases, d, events),
         traced: peak_known,
+        dump_stacks,
         kept_backward: Default::default(),
     };
     let suspects = detectors::detect(&cx);

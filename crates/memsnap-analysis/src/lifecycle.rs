@@ -110,6 +110,23 @@ impl Lifecycle {
         self.unit_of_block.get(block).copied().filter(|&u| u != u32::MAX).map(|u| u as usize)
     }
 
+    /// Does a reference hold unit `u`'s graph, rather than a few of its tensors?
+    ///
+    /// Mechanism. A graph is one object: whatever keeps it (its loss, an output with its
+    /// `grad_fn`, a frame whose locals hold them) keeps every tensor it saved, so all the blocks
+    /// that outlived the pass stay together. A detached output (`logits.detach()`), or the
+    /// inputs, kept after the graph was let go hold only themselves: one or two of the pass's
+    /// surviving blocks, while its saved tensors are freed when the variables are rebound. So
+    /// the graph counts as held when at least half of the blocks that outlived the pass are
+    /// still allocated past the unit's horizon.
+    pub fn graph_held(&self, u: usize) -> bool {
+        let held = self.blocks[u]
+            .iter()
+            .filter(|b| b.in_pass && matches!(b.fate, BlockFate::Kept | BlockFate::ReleasedLater(_)))
+            .count();
+        held > 0 && 2 * held >= self.units[u].survived_pass as usize
+    }
+
     /// The *call* of each unit: consecutive units made by one invocation of the user function
     /// that runs the model several times (a decoding loop inside `generate()`, a sliding window
     /// over a long input), numbered in order.
@@ -177,8 +194,25 @@ pub fn lifecycle(
             }
         })
         .collect();
+    // The next unit from the same call site, for each unit.
+    let mut next_same_site = vec![None; units.len()];
+    {
+        let mut last: FxHashMap<Option<FrameId>, usize> = FxHashMap::default();
+        for k in (0..units.len()).rev() {
+            next_same_site[k] = last.insert(units[k].call_site, k);
+        }
+    }
     for k in 0..units.len() {
         units[k].horizon = units.get(k + 2).map_or(n, |u| u.span.end);
+        // A variable bound to a pass's result (`outputs = model(x)`, `loss = criterion(...)`) is
+        // rebound when the loop body runs again: by the next pass from the same call site and the
+        // code right after it. A loss computed by a module (`nn.CrossEntropyLoss`) is a pass of
+        // its own, so with a pass between (an evaluation batch followed by training) "two units
+        // later" falls short of that rebinding.
+        if let Some(nx) = next_same_site[k] {
+            let rebound = units.get(nx + 1).map_or(n, |u| u.span.end);
+            units[k].horizon = units[k].horizon.max(rebound);
+        }
         // In an evaluation window, outputs collected by the loop die when the loop returns: a
         // graph is held by something else only if it outlives the window too (up to the end of
         // the first pass after it). Windows and units are sorted by start.
@@ -391,8 +425,14 @@ pub fn lifecycle(
 ///
 /// An evaluation loop that shares its code path with training (a `for phase in ("train",
 /// "val")` loop without `set_grad_enabled`) runs its passes in a row, so its passes are not
-/// between two consumed ones; only a one-batch evaluation there would be taken for a skipped
-/// step.
+/// between two consumed ones. A one-batch evaluation there is, and is told apart by what the
+/// pass saved: evaluation runs the model in eval mode (`model.eval()`), where dropout allocates
+/// no mask and batch norm saves no batch statistics, so its pass leaves fewer tensors alive than
+/// the training passes around it. A skipped step runs in train mode and saves exactly as many
+/// (the count does not depend on the batch's shape); so a pass is taken for a skipped step only
+/// when it left as many blocks alive as one of its two neighbours. A model whose forward is the
+/// same in both modes (no dropout, no batch norm) gives no such sign: such a pass stays
+/// *abandoned*, and `undecided_passes` says it may be either.
 fn abandoned_training_passes(events: &[TraceEvent], stacks: &StackTable, units: &mut [Unit]) {
     let chain = |u: &Unit| stacks.get(events[u.pass_span.start as usize].stack).caller_chain;
     let consumed = |u: &Unit| matches!(u.fate, UnitFate::Consumed { .. });
@@ -418,7 +458,9 @@ fn abandoned_training_passes(events: &[TraceEvent], stacks: &StackTable, units: 
             continue;
         }
         if let (Some(p), Some(n)) = (prev[k].map(|p| &units[p]), next[k].map(|n| &units[n])) {
-            if consumed(p) && consumed(n) && chain(p) == c && chain(n) == c {
+            // The same module mode: a skipped step saved as many tensors as the steps around it.
+            let same_saving = u.survived_pass == p.survived_pass || u.survived_pass == n.survived_pass;
+            if consumed(p) && consumed(n) && chain(p) == c && chain(n) == c && same_saving {
                 marks.push(k);
             }
         }
@@ -426,6 +468,34 @@ fn abandoned_training_passes(events: &[TraceEvent], stacks: &StackTable, units: 
     for k in marks {
         units[k].fate = UnitFate::Abandoned;
     }
+}
+
+/// Abandoned passes (see `abandoned_training_passes`) whose graphs no reference kept, per call
+/// site: `(call site, passes, largest bytes saved by one)`, for sites whose passes saved at least
+/// `min_suspect_bytes`.
+///
+/// Mechanism. Such a pass is either a training step whose backward the program skipped or a
+/// one-batch evaluation run through the training code with grad on: the same code path, the
+/// same module mode, as many saved tensors; nothing in the allocations tells them apart. Its
+/// graph lives until the loop rebinds its variables, as a skipped step's does, so neither
+/// `no_grad_missing` nor `retained_graph` can be named; the caveat says both readings.
+pub fn undecided_passes(lc: &Lifecycle, th: &Thresholds) -> Vec<(Option<FrameId>, usize, u64)> {
+    let mut out: Vec<(Option<FrameId>, usize, u64, bool)> = Vec::new();
+    for (u, unit) in lc.units.iter().enumerate() {
+        if unit.fate != UnitFate::Abandoned {
+            continue;
+        }
+        let held = lc.graph_held(u);
+        match out.iter_mut().find(|o| o.0 == unit.call_site) {
+            Some(o) => {
+                o.1 += 1;
+                o.2 = o.2.max(unit.saved_bytes);
+                o.3 |= held;
+            }
+            None => out.push((unit.call_site, 1, unit.saved_bytes, held)),
+        }
+    }
+    out.into_iter().filter(|o| !o.3 && o.2 >= th.min_suspect_bytes).map(|o| (o.0, o.1, o.2)).collect()
 }
 
 /// For each block of `d.blocks`: does it live in a private pool (CUDA graph capture)?

@@ -131,12 +131,15 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
             let what = match origin {
                 LeakOrigin::TrainedForward => "outputs or intermediates of forward passes whose graphs a backward already freed, so no graph holds them",
                 LeakOrigin::NoGradForward => "outputs of forward passes run without grad, so no graph holds them",
+                LeakOrigin::ReleasedGraphForward => "outputs or inputs of forward passes run with grad that no backward ran through, kept after their graphs were let go (a detached output, the batch), so no graph holds them",
                 LeakOrigin::UserCode => "tensors made at this line outside any model call",
                 LeakOrigin::Backward => "tensors made by the autograd engine that are not parameter gradients (the gradient of an activation, as a backward hook receives it)",
                 LeakOrigin::Unattributed => "tensors recorded without stacks, so the line that made them cannot be named",
+                LeakOrigin::Regrown => "one tensor re-made larger from the previous one each time (as `x = torch.cat([x, new])` does): each allocation frees the one before it, yet the live tensor grows and is never let go",
                 LeakOrigin::StateOnly => "live at the dump from this one line (the file has no trace: this rests on the dump-time state only)",
+                LeakOrigin::DumpStacksOnly => "live at the dump from this one line (the trace carries no stacks, as with `context=\"state\"`: only the dump's blocks name their lines, so this rests on the dump-time state)",
             };
-            if *origin == LeakOrigin::StateOnly {
+            if matches!(origin, LeakOrigin::StateOnly | LeakOrigin::DumpStacksOnly) {
                 format!("{} {what}. {tail}.", plural(*blocks, "block", "blocks"))
             } else {
                 let many = match occurrence {
@@ -246,6 +249,7 @@ pub fn advice(s: &Suspect) -> String {
         Evidence::RetainedGraph { hold: GraphHold::AwaitingBackward, .. } => "Each kept loss holds its whole graph until the backward runs: call `backward()` per micro-batch (gradients accumulate in `.grad`) instead of collecting losses, or run fewer micro-batches per step.".into(),
         Evidence::NoGradMissing { .. } => "Wrap the whole evaluation loop in `with torch.no_grad():` (or `torch.inference_mode()`), not just the model call, and keep only detached results: `preds.append(out.argmax(-1).cpu())`, `losses.append(loss.item())`.".into(),
         Evidence::ReferenceLeak { origin: LeakOrigin::Unattributed, .. } => "Record with stacks (`torch.cuda.memory._record_memory_history(stacks=\"python\")`) and dump again so memsnap can name the line; meanwhile look for tensors appended to lists or caches every iteration.".into(),
+        Evidence::ReferenceLeak { origin: LeakOrigin::Regrown, .. } => "Bound the tensor that grows by concatenation: keep only its last N rows (`x = torch.cat([x, new])[-N:]`), or preallocate a fixed-size ring buffer and write into it (as MoCo's queue does); if every row is needed, move them to the CPU (`new.cpu()`) and concatenate there.".into(),
         Evidence::ReferenceLeak { origin: LeakOrigin::Backward, .. } => "Look for backward hooks (`register_full_backward_hook`, `Tensor.register_hook`) that store tensors; keep `t.detach().cpu()` or a statistic (`t.norm().item()`), or clear the container every step.".into(),
         Evidence::ReferenceLeak { .. } => "Find what keeps these tensors alive (a forward hook, a dict cache, a closure, a global list) and bound it: clear or evict entries, `del` the reference, or keep `t.detach().cpu()` / a summary statistic instead of the GPU tensor.".into(),
         Evidence::UnreleasedGradient { hold: GradientHold::KeptEachStep { .. }, .. } => "Do not keep references to `.grad` tensors: store `p.grad.norm().item()` or `p.grad.detach().cpu()`, and clear gradients with `optimizer.zero_grad(set_to_none=True)`.".into(),

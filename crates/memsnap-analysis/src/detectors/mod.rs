@@ -50,6 +50,9 @@ pub struct Context<'a> {
     pub param_sizes: BTreeSet<u64>,
     /// The trace records allocations (false for state-only recordings: only the dump speaks).
     pub traced: bool,
+    /// The dump's stacks of blocks by `(device, address)` when some trace has no stack on any
+    /// allocation (`context="state"`), else empty.
+    pub dump_stacks: &'a rustc_hash::FxHashMap<(u32, u64), StackId>,
     /// [`Context::kept_backward_groups`], computed on first use.
     pub kept_backward: std::sync::OnceLock<Vec<BackwardGroup>>,
 }

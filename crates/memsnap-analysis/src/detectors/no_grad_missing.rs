@@ -9,7 +9,9 @@
 //! evaluation (`AwaitingBackward`) and are left to `retained_graph`.
 //!
 //! Claims: the blocks of those passes alive after each pass's unit ended. Severity `leak` when
-//! they are kept to the end from pass after pass, else `peak`. Near miss: the same loop under
+//! they are kept to the end from pass after pass, else `peak`. Blocks kept to the end of a pass
+//! whose graph was let go (`Lifecycle::graph_held`: only a detached output or the inputs stay)
+//! are `reference_leak`'s: `no_grad` would not have freed them. Near miss: the same loop under
 //! `no_grad` (only outputs survive); a pass consumed by a later backward.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -60,8 +62,11 @@ impl Detector for NoGradMissing {
             if let Some(w) = cx.phases.eval_windows.iter().position(|w| w.contains(unit.pass_span.start)) {
                 g.windows.insert(w);
             }
+            // With the graph let go, what stays to the end (a detached output, the inputs) is
+            // held by a reference, not by this pass's missing `no_grad`: `reference_leak`'s.
+            let graph_held = lc.graph_held(u);
             for ub in &lc.blocks[u] {
-                if matches!(ub.fate, BlockFate::Temporary) {
+                if matches!(ub.fate, BlockFate::Temporary) || !graph_held && ub.fate == BlockFate::Kept {
                     continue;
                 }
                 let b = &cx.replay.blocks[ub.block];

@@ -6,10 +6,14 @@
 //! outputs, a metrics dict, a cache, a closure, a global list). What is kept is outputs or
 //! intermediates, never saved tensors (those are `retained_graph`'s). Claims, for blocks still
 //! allocated at the end of the trace:
-//! - blocks of forward passes a backward consumed, or of passes run without grad;
+//! - blocks of forward passes a backward consumed, or of passes run without grad, or of grad-on
+//!   passes no backward ran through whose graph the program let go (`Lifecycle::graph_held`:
+//!   only a detached output or the inputs stay; a skipped step's payload kept for debugging);
 //! - tensors made by the user's code outside any model call (not construction, not optimizer);
 //! - tensors made by the autograd engine that are not parameter gradients (a backward hook);
 //! - with no stacks at all, growth that cannot be placed;
+//! - a tensor re-made larger from its previous version every iteration (`x = torch.cat([x, new])`,
+//!   see `regrown`): one block alive at a time, growing;
 //!
 //! and they must come from `min_leak_occurrences` occurrences or more (a leak repeats).
 //! With no trace at all (state-only recordings) it reads the dump: many live blocks from one line.
@@ -38,6 +42,7 @@ enum Key {
 enum Origin {
     Trained,
     NoGrad,
+    GraphReleased,
     User,
     Backward,
 }
@@ -140,7 +145,14 @@ impl Detector for ReferenceLeak {
         // A state-only recording (`enabled="state"`) has no allocation in its trace, at most a
         // marker entry: only the dump can speak.
         if !cx.traced {
-            return state_only(cx);
+            return state_only(cx, &FxHashMap::default(), LeakOrigin::StateOnly);
+        }
+        // A trace whose events carry no stacks while the dump's blocks do (recorded with
+        // `context="state"`: the allocator keeps a stack only for blocks still allocated) cannot
+        // place any event, but the dump can speak as in a state-only file, with each live
+        // block's stack read from the dump by its address.
+        if let Some(dump_stacks) = dump_only_stacks(cx) {
+            return state_only(cx, &dump_stacks, LeakOrigin::DumpStacksOnly);
         }
         let lc = cx.lifecycle;
         // Kept outputs of no-grad passes counted per call of the helper that runs the model
@@ -162,6 +174,9 @@ impl Detector for ReferenceLeak {
                     let origin = match unit.fate {
                         UnitFate::Consumed { .. } => Origin::Trained,
                         UnitFate::Unconsumed if !unit.grad_on => Origin::NoGrad,
+                        // Grad on, no backward, and the graph let go: what stays is held by a
+                        // reference to the tensors themselves (a detached output, the inputs).
+                        UnitFate::Unconsumed | UnitFate::Abandoned if !lc.graph_held(u) => Origin::GraphReleased,
                         _ => return (groups, per_call),
                     };
                     let last_op =
@@ -186,7 +201,7 @@ impl Detector for ReferenceLeak {
                             info.module_call.or(info.site)
                         };
                         let (occ, pass) = match origin {
-                            Origin::NoGrad => (u, true),
+                            Origin::NoGrad | Origin::GraphReleased => (u, true),
                             _ => match cx.iteration_of(b) {
                                 Some(it) => (it, false),
                                 None => continue,
@@ -243,6 +258,15 @@ impl Detector for ReferenceLeak {
         }
 
         let mut out = Vec::new();
+        let mut reported: BTreeSet<Option<FrameId>> = BTreeSet::new();
+        for (key, g) in &groups {
+            if let Key::Line(l, _) = key {
+                if cx.is_growth(g.kept.len(), g.eligible.len()) {
+                    reported.insert(*l);
+                }
+            }
+        }
+        out.extend(regrown(cx, &reported));
         for (key, g) in groups {
             if !cx.is_growth(g.kept.len(), g.eligible.len()) {
                 continue;
@@ -253,6 +277,7 @@ impl Detector for ReferenceLeak {
                     match o {
                         Origin::Trained => LeakOrigin::TrainedForward,
                         Origin::NoGrad => LeakOrigin::NoGradForward,
+                        Origin::GraphReleased => LeakOrigin::ReleasedGraphForward,
                         Origin::User => LeakOrigin::UserCode,
                         Origin::Backward => LeakOrigin::Backward,
                     },
@@ -311,23 +336,126 @@ impl Detector for ReferenceLeak {
     }
 }
 
-/// No trace: live blocks at the dump grouped by the line that allocated them (the line that ran
-/// the model for model outputs), leaving out parameters, optimizer state and frameless blocks.
-fn state_only(cx: &Context) -> Vec<Finding> {
+/// Tensors re-made larger from their previous version, iteration after iteration, and never
+/// let go: `queue = torch.cat([queue, k])`, `buf = torch.cat([buf, new])`.
+///
+/// Mechanism. Such a line allocates the new, larger tensor while the old one is still alive
+/// (it is the input of the `cat`), then the rebinding frees the old one. No block survives from
+/// one iteration to the next, so counting kept blocks per iteration sees nothing, yet the one
+/// live tensor grows by what each iteration appends. Per user line outside model calls, the
+/// blocks in allocation order form a *chain* when each is freed only after the next one from
+/// the line was allocated and is smaller than it; the chain must end in a block alive at the end
+/// of the trace and span `min_leak_occurrences` iterations or more, at least
+/// `leak_occurrence_share` of those the line allocated in. The suspect's blocks are the chain,
+/// so its live bytes are the tensor's size at each moment and its growth the median increase per
+/// iteration. A buffer that grows within one evaluation and dies with it ends freed: not a
+/// chain to the end. Lines already reported by the per-iteration count are left alone.
+fn regrown(cx: &Context, reported: &BTreeSet<Option<FrameId>>) -> Vec<Finding> {
+    let mut by: BTreeMap<FrameId, Vec<usize>> = BTreeMap::new();
+    for (bi, b) in cx.replay.blocks.iter().enumerate() {
+        let Some(a) = b.alloc_event() else { continue };
+        let info = cx.stacks.get(cx.events[a as usize].stack);
+        if !info.python
+            || info.forward
+            || info.optimizer
+            || info.construction
+            || info.recompute
+            || info.backward_launch
+        {
+            continue;
+        }
+        let Some(site) = info.site else { continue };
+        if !reported.contains(&Some(site)) {
+            by.entry(site).or_default().push(bi);
+        }
+    }
+    let mut out = Vec::new();
+    for (site, blocks) in by {
+        let bs = &cx.replay.blocks;
+        // Blocks are in allocation order. Walk back from the last one while the chain holds.
+        let Some(&last) = blocks.last() else { continue };
+        if bs[last].freed_at().is_some() {
+            continue;
+        }
+        let mut chain = vec![last];
+        for w in blocks.windows(2).rev() {
+            let (prev, next) = (&bs[w[0]], &bs[w[1]]);
+            let replaced = prev.freed_at().zip(next.alloc_event()).is_some_and(|(f, a)| f > a);
+            if w[1] != *chain.last().unwrap() || !replaced || prev.size >= next.size {
+                break;
+            }
+            chain.push(w[0]);
+        }
+        chain.reverse();
+        let iters: BTreeSet<usize> = chain.iter().filter_map(|&bi| cx.iteration_of(&bs[bi])).collect();
+        let eligible: BTreeSet<usize> = blocks.iter().filter_map(|&bi| cx.iteration_of(&bs[bi])).collect();
+        if !cx.is_growth(iters.len(), eligible.len()) {
+            continue;
+        }
+        let stack = cx.event_stack(&bs[last]);
+        out.push(Finding {
+            occurrences: iters.len(),
+            kind: SuspectKind::ReferenceLeak,
+            severity: Severity::Leak,
+            confidence: cx.growth_confidence(iters.len(), eligible.len()),
+            occurrence: Occurrence::Iteration,
+            boundaries: cx.iteration_boundaries(),
+            bytes: None,
+            site: Some(cx.site(site)),
+            stack,
+            facts: Evidence::ReferenceLeak {
+                origin: LeakOrigin::Regrown,
+                blocks: chain.len() as u64,
+                occurrences: iters.len(),
+                eligible: eligible.len(),
+                occurrence: Occurrence::Iteration,
+            },
+            blocks: chain,
+        });
+    }
+    out
+}
+
+/// For a trace none of whose allocations has a user frame while some live block of the dump
+/// has: the dump's stack of each live block, by address. `None` otherwise.
+fn dump_only_stacks(cx: &Context) -> Option<FxHashMap<u64, StackId>> {
+    if cx.dump_stacks.is_empty() {
+        return None;
+    }
+    let allocs = || cx.events.iter().filter(|e| e.action() == memsnap_model::Action::Alloc);
+    if allocs().next().is_none() || allocs().any(|e| !cx.stacks.userless(e.stack)) {
+        return None;
+    }
+    let dev = cx.replay.device;
+    let stacks: FxHashMap<u64, StackId> = cx
+        .replay
+        .blocks
+        .iter()
+        .filter(|b| b.freed_at().is_none())
+        .filter_map(|b| cx.dump_stacks.get(&(dev, b.address)).map(|&s| (b.address, s)))
+        .collect();
+    (!stacks.is_empty()).then_some(stacks)
+}
+
+/// No trace (or one without stacks): live blocks at the dump grouped by the line that allocated
+/// them (the line that ran the model for model outputs), leaving out parameters, optimizer state
+/// and frameless blocks. `dump_stacks`: stacks by address for blocks whose own has no frames.
+fn state_only(cx: &Context, dump_stacks: &FxHashMap<u64, StackId>, origin: LeakOrigin) -> Vec<Finding> {
     let mut by: BTreeMap<FrameId, (Vec<usize>, StackId, u64)> = BTreeMap::new();
     for (bi, b) in cx.replay.blocks.iter().enumerate() {
         if b.freed_at().is_some() {
             continue;
         }
-        let info = cx.stacks.get(b.stack);
+        let stack = if cx.stacks.userless(b.stack) { dump_stacks.get(&b.address).copied().unwrap_or(b.stack) } else { b.stack };
+        let info = cx.stacks.get(stack);
         if info.construction || info.optimizer || info.backward_launch || info.recompute {
             continue;
         }
         let Some(line) = info.forward_call.or(info.site) else { continue };
-        let e = by.entry(line).or_insert((Vec::new(), b.stack, 0));
+        let e = by.entry(line).or_insert((Vec::new(), stack, 0));
         e.0.push(bi);
         if b.size > e.2 {
-            e.1 = b.stack;
+            e.1 = stack;
             e.2 = b.size;
         }
     }
@@ -344,7 +472,7 @@ fn state_only(cx: &Context) -> Vec<Finding> {
             site: Some(cx.site(line)),
             stack,
             facts: Evidence::ReferenceLeak {
-                origin: LeakOrigin::StateOnly,
+                origin,
                 blocks: blocks.len() as u64,
                 occurrences: blocks.len(),
                 eligible: blocks.len(),

@@ -12,6 +12,9 @@
 //!   Training passes whose backward the program skipped (`UnitFate::Abandoned`: an exception or
 //!   `continue` between forward and backward) are held the same way when their graph outlives
 //!   them (a stored exception's traceback keeps the frame that holds the loss).
+//!   Either way the graph is held only when most of what the pass saved is (`Lifecycle::
+//!   graph_held`): a detached output or the inputs kept after the graph was let go are tensors
+//!   held by a reference (`reference_leak`), not a graph.
 //! - the same, for passes awaiting a deferred backward that had not run when the trace ended
 //!   (at an OOM): what filled memory.
 //!
@@ -62,9 +65,13 @@ impl Detector for RetainedGraph {
         for (u, unit) in lc.units.iter().enumerate() {
             let key = match unit.fate {
                 UnitFate::RetainedByBackward { backward } => Key::Backward(cx.phases.backwards[backward].line),
-                UnitFate::Unconsumed if unit.grad_on => Key::Kept(unit.call_site),
+                // A reference keeps the graph only when it keeps what the graph saved; a kept
+                // detached output or input of a graph let go is `reference_leak`'s.
+                UnitFate::Unconsumed if unit.grad_on && lc.graph_held(u) => Key::Kept(unit.call_site),
+                UnitFate::Unconsumed if unit.grad_on => continue,
                 // A training pass whose backward was skipped: held only by a reference.
-                UnitFate::Abandoned => Key::Skipped(unit.call_site),
+                UnitFate::Abandoned if lc.graph_held(u) => Key::Skipped(unit.call_site),
+                UnitFate::Abandoned => continue,
                 UnitFate::AwaitingBackward => Key::Awaiting(unit.call_site),
                 _ => continue,
             };
