@@ -3,7 +3,7 @@
 //! caveats about what a file lacks.
 
 use memsnap_analysis::Analysis;
-use memsnap_model::Snapshot;
+use memsnap_model::{Snapshot, StackId};
 use memsnap_replay::{DeviceReplay, Replay};
 
 use crate::load::Loaded;
@@ -100,7 +100,15 @@ pub fn lacks(snap: &Snapshot) -> Vec<String> {
         out.push("no trace: history was not recorded (_record_memory_history) or is empty; only the dump-time state is known".into());
     } else {
         if snap.source.events_with_frames == 0 {
-            out.push("no stacks: trace events carry no frames (recorded with stacks=None or context=None)".into());
+            let dump_framed = snap.segments.iter().flat_map(|s| &s.blocks).any(|b| b.stack != StackId::EMPTY);
+            out.push(if dump_framed {
+                // `context="state"` records stacks for the blocks alive at the dump only.
+                "no stacks in the trace: its events carry no frames, only the blocks alive at the dump do (recorded with context=\"state\"): \
+                 lines are known for memory held at the dump, not for the peak or what was freed before it"
+                    .into()
+            } else {
+                "no stacks: trace events carry no frames (recorded with stacks=None or context=None)".into()
+            });
         }
         let (blocks, bytes) = pre_trace_blocks(snap);
         if blocks > 0 {

@@ -349,7 +349,17 @@ fn analyze_device(
         }
         let framed = events.iter().filter(|e| e.stack != StackId::EMPTY).count();
         if framed == 0 {
-            caveats.push("no stacks recorded: allocations cannot be attributed to lines of code".to_string());
+            let dump_framed = snap
+                .segments
+                .iter()
+                .filter(|s| s.device == d.device)
+                .flat_map(|s| &s.blocks)
+                .any(|b| b.stack != StackId::EMPTY);
+            caveats.push(if dump_framed {
+                "no stacks in the trace: only the blocks alive at the dump name their lines (context=\"state\"), so the tables by site show them as \"no frames recorded\"; suspects read the dump's stacks".to_string()
+            } else {
+                "no stacks recorded: allocations cannot be attributed to lines of code".to_string()
+            });
         }
         if phases.boundaries.len() < 2 {
             caveats.push("no repeating iterations found (no repeated backward or forward call): growth per iteration cannot be measured".to_string());
