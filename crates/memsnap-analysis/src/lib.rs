@@ -349,12 +349,10 @@ fn analyze_device(
         }
         let framed = events.iter().filter(|e| e.stack != StackId::EMPTY).count();
         if framed == 0 {
-            let dump_framed = snap
-                .segments
-                .iter()
-                .filter(|s| s.device == d.device)
-                .flat_map(|s| &s.blocks)
-                .any(|b| b.stack != StackId::EMPTY);
+            // The blocks alive at the dump whose own stack names a line (`dump_stacks` holds
+            // them when the trace has none): a lookup per block of this device, not a scan of
+            // every device's segments.
+            let dump_framed = live_at(d, end_t).any(|b| dump_stacks.contains_key(&(d.device, b.address)));
             caveats.push(if dump_framed {
                 "no stacks in the trace: only the blocks alive at the dump name their lines (context=\"state\"), so the tables by site show them as \"no frames recorded\"; suspects read the dump's stacks".to_string()
             } else {
