@@ -104,7 +104,7 @@ pub fn lacks(snap: &Snapshot) -> Vec<String> {
             out.push(if dump_framed {
                 // `context="state"` records stacks for the blocks alive at the dump only.
                 "no stacks in the trace: its events carry no frames, only the blocks alive at the dump do (recorded with context=\"state\"): \
-                 lines are known for memory held at the dump, not for the peak or what was freed before it"
+                 lines are known for memory still held at the dump, not for memory freed before it"
                     .into()
             } else {
                 "no stacks: trace events carry no frames (recorded with stacks=None or context=None)".into()

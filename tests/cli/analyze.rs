@@ -462,3 +462,23 @@ fn labels_group_memory_and_name_phases() {
     assert!(text.stdout.contains("Allocated at peak by user_metadata ("), "{}", text.stdout);
     assert!(text.stdout.contains("\"step=1\""), "{}", text.stdout);
 }
+
+#[test]
+fn a_state_only_trace_names_the_lines_of_memory_held_at_the_dump() {
+    // `context="state"`: the trace's events carry no frames, the dump's blocks do. A block alive
+    // at the dump is the dump's block at its address, so the tables name its line; what was freed
+    // before the dump (the peak's temporaries) stays "no frames recorded", and the caveats say so.
+    let out = analyze(&fixture("extra5/v10_context_state_dedup_cache_leak.pickle.xz"));
+    let d = &out["devices"][0];
+    let end = d["end"]["by_site"].as_array().unwrap();
+    assert!(!end.iter().any(|s| s["label"] == "no frames recorded"), "end: {end:?}");
+    let held: u64 = end.iter().filter(|s| !s["site"].is_null()).map(|s| s["bytes"].as_u64().unwrap()).sum();
+    assert!(held >= 73 << 20, "the 73 MiB held at the dump is named at lines: {end:?}");
+    let peak = d["peak"]["by_site"].as_array().unwrap();
+    let frameless: u64 =
+        peak.iter().filter(|s| s["label"] == "no frames recorded").map(|s| s["bytes"].as_u64().unwrap()).sum();
+    assert_eq!(frameless, 16 << 20, "only the peak's temporaries, freed before the dump, lack a line: {peak:?}");
+    let caveats = d["caveats"].to_string();
+    assert!(caveats.contains("only the blocks alive at the dump name their lines"), "{caveats}");
+    assert!(!caveats.contains("cannot be attributed to lines of code"), "{caveats}");
+}

@@ -97,6 +97,20 @@ impl AllocPhase {
     }
 }
 
+/// The stack that allocated `b` at event `a`: the event's, unless it names no user line and the
+/// block's own does. A block allocated in the trace carries its event's stack, so the two differ
+/// only where the caller gave the block the dump's stack: a `context="state"` trace has no frames
+/// on its events, but a block alive at the dump is the dump's block at its address, whose stack
+/// the allocator kept ([`crate::with_dump_stack`]).
+fn alloc_stack(events: &[TraceEvent], stacks: &StackTable, b: &BlockLifetime, a: u32) -> StackId {
+    let ev = events.get(a as usize).map_or(b.stack, |e| e.stack);
+    if ev != b.stack && stacks.userless(ev) && !stacks.userless(b.stack) {
+        b.stack
+    } else {
+        ev
+    }
+}
+
 /// The phase that allocated `b`, attributed `attr` (by [`attribute`]).
 pub fn alloc_phase(
     events: &[TraceEvent],
@@ -109,7 +123,7 @@ pub fn alloc_phase(
     if matches!(attr, Attr::Backward(_)) {
         return AllocPhase::Backward;
     }
-    let info = stacks.get(events.get(a as usize).map_or(b.stack, |e| e.stack));
+    let info = stacks.get(alloc_stack(events, stacks, b, a));
     if info.optimizer {
         return AllocPhase::Optimizer;
     }
@@ -132,7 +146,7 @@ pub fn attribute(events: &[TraceEvent], phases: &Phases, stacks: &StackTable, b:
             None => (Attr::PreTrace, b.stack),
         };
     };
-    let ev_stack = events.get(a as usize).map_or(b.stack, |e| e.stack);
+    let ev_stack = alloc_stack(events, stacks, b, a);
     let info = stacks.get(ev_stack);
     if !info.python || info.backward_launch || info.recompute {
         if let Some(bw) = phases.backward_at(a) {
@@ -171,7 +185,7 @@ pub fn categorize(
             }
         }
         _ => {
-            let info = stacks.get(events.get(a as usize).map_or(b.stack, |e| e.stack));
+            let info = stacks.get(alloc_stack(events, stacks, b, a));
             if info.optimizer {
                 // Optimizer state lives across steps; step scratch dies within one.
                 let long = match freed {

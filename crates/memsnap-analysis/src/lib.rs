@@ -231,6 +231,24 @@ fn dump_stacks(snap: &Snapshot, stacks: &StackTable) -> rustc_hash::FxHashMap<(u
         .collect()
 }
 
+/// `b`, with the dump's stack when it is alive at the dump and the dump has a stack for its
+/// address that its trace event lacks (`dump_stacks` is empty unless the trace's allocations
+/// have no user frames, as with `context="state"`). Mechanism: a block never freed before the
+/// dump is the dump's block at that address, and the allocator kept that block's stack.
+pub(crate) fn with_dump_stack(
+    b: &memsnap_replay::BlockLifetime,
+    device: u32,
+    dump_stacks: &rustc_hash::FxHashMap<(u32, u64), StackId>,
+) -> memsnap_replay::BlockLifetime {
+    let mut b = *b;
+    if b.free_completed_event().is_none() {
+        if let Some(&stack) = dump_stacks.get(&(device, b.address)) {
+            b.stack = stack;
+        }
+    }
+    b
+}
+
 /// Blocks allocated (not pending) after event `t` (`None`: at the start).
 fn live_at(d: &DeviceReplay, t: Option<u32>) -> impl Iterator<Item = &memsnap_replay::BlockLifetime> {
     d.blocks.iter().filter(move |b| b.state_after(t) == Some(BlockState::Allocated))
@@ -245,7 +263,7 @@ pub fn moment(
     t: Option<u32>,
 ) -> (Moment, Vec<LiveBlock>) {
     let events = snap.trace(d.device).map_or(&[][..], |tr| &tr.events[..]);
-    moment_with(snap, stacks, phases, d, t, &Annotations::of(snap, events))
+    moment_with(snap, stacks, phases, d, t, &Annotations::of(snap, events), &dump_stacks(snap, stacks))
 }
 
 /// [`moment`] with the device's annotations already gathered.
@@ -256,6 +274,7 @@ fn moment_with(
     d: &DeviceReplay,
     t: Option<u32>,
     annotations: &Annotations,
+    dump_stacks: &rustc_hash::FxHashMap<(u32, u64), StackId>,
 ) -> (Moment, Vec<LiveBlock>) {
     let events = snap.trace(d.device).map_or(&[][..], |tr| &tr.events[..]);
     let totals = d.series.after(t.map(|i| i as usize));
@@ -265,6 +284,7 @@ fn moment_with(
     let mut live = Vec::new();
     let mut labels = LabelTally::default();
     for b in live_at(d, t) {
+        let b = &with_dump_stack(b, d.device, dump_stacks);
         labels.add(snap, events, annotations, b, t);
         let (attr, stack) = attribute(events, phases, stacks, b);
         let e = by_attr.entry(attr).or_default();
@@ -321,12 +341,12 @@ fn analyze_device(
     let (((peak, peak_blocks), (end, end_blocks)), lifecycle) = rayon::join(
         || {
             if events.is_empty() {
-                let (peak, peak_blocks) = moment_with(snap, stacks, &phases, d, peak_t, &notes);
+                let (peak, peak_blocks) = moment_with(snap, stacks, &phases, d, peak_t, &notes, dump_stacks);
                 ((peak.clone(), peak_blocks.clone()), (peak, peak_blocks))
             } else {
                 rayon::join(
-                    || moment_with(snap, stacks, &phases, d, peak_t, &notes),
-                    || moment_with(snap, stacks, &phases, d, end_t, &notes),
+                    || moment_with(snap, stacks, &phases, d, peak_t, &notes, dump_stacks),
+                    || moment_with(snap, stacks, &phases, d, end_t, &notes, dump_stacks),
                 )
             }
         },
@@ -349,12 +369,13 @@ fn analyze_device(
         }
         let framed = events.iter().filter(|e| e.stack != StackId::EMPTY).count();
         if framed == 0 {
-            // The blocks alive at the dump whose own stack names a line (`dump_stacks` holds
-            // them when the trace has none): a lookup per block of this device, not a scan of
-            // every device's segments.
-            let dump_framed = live_at(d, end_t).any(|b| dump_stacks.contains_key(&(d.device, b.address)));
+            // Does a block alive at the dump name a line, by its own stack (allocated before
+            // the trace) or the dump's (`dump_stacks`)? A pass over this device's blocks, not a
+            // scan of every device's segments.
+            let dump_framed =
+                live_at(d, end_t).any(|b| !stacks.userless(with_dump_stack(b, d.device, dump_stacks).stack));
             caveats.push(if dump_framed {
-                "no stacks in the trace: only the blocks alive at the dump name their lines (context=\"state\"), so the tables by site show them as \"no frames recorded\"; suspects read the dump's stacks".to_string()
+                "no stacks in the trace: only the blocks alive at the dump name their lines (context=\"state\"); tables and suspects use those, and memory freed before the dump shows as \"no frames recorded\"".to_string()
             } else {
                 "no stacks recorded: allocations cannot be attributed to lines of code".to_string()
             });
