@@ -103,7 +103,7 @@ pub fn lacks(snap: &Snapshot) -> Vec<String> {
             let dump_framed = snap.segments.iter().flat_map(|s| &s.blocks).any(|b| b.stack != StackId::EMPTY);
             out.push(if dump_framed {
                 // `context="state"` records stacks for the blocks alive at the dump only.
-                "no stacks in the trace: its events carry no frames, only the blocks alive at the dump do (recorded with context=\"state\"): \
+                "no stacks in the trace: its events carry no frames, only the blocks alive at the dump do (as with context=\"state\"): \
                  lines are known for memory still held at the dump, not for memory freed before it"
                     .into()
             } else {

@@ -375,7 +375,7 @@ fn analyze_device(
             let dump_framed =
                 live_at(d, end_t).any(|b| !stacks.userless(with_dump_stack(b, d.device, dump_stacks).stack));
             caveats.push(if dump_framed {
-                "no stacks in the trace: only the blocks alive at the dump name their lines (context=\"state\"); tables and suspects use those, and memory freed before the dump shows as \"no frames recorded\"".to_string()
+                "no stacks in the trace: only the blocks alive at the dump name their lines (as with context=\"state\"); tables and suspects use those, and memory freed before the dump shows as \"no frames recorded\"".to_string()
             } else {
                 "no stacks recorded: allocations cannot be attributed to lines of code".to_string()
             });
