@@ -9,7 +9,8 @@
 //! bytes on every machine and thread count (colours come from a stable hash, ties are sorted,
 //! and nothing records a time or a local path; only the snapshot's own frame paths and the
 //! input's file name appear). Reports stay small on huge dumps: series are sampled to at most
-//! a few thousand points and the segment map is capped.
+//! a few thousand points, the segment map is capped, and at most 64 devices are drawn
+//! ([`MAX_DRAWN_DEVICES`]).
 //!
 //! [`flame`] also serves `memsnap flamegraph`: folded stacks as text, or an SVG icicle chart.
 
