@@ -145,14 +145,14 @@ impl Detector for ReferenceLeak {
         // A state-only recording (`enabled="state"`) has no allocation in its trace, at most a
         // marker entry: only the dump can speak.
         if !cx.traced {
-            return state_only(cx, &FxHashMap::default(), LeakOrigin::StateOnly);
+            return state_only(cx, LeakOrigin::StateOnly);
         }
         // A trace whose events carry no stacks while the dump's blocks do (recorded with
         // `context="state"`: the allocator keeps a stack only for blocks still allocated) cannot
         // place any event, but the dump can speak as in a state-only file, with each live
         // block's stack read from the dump by its address.
-        if let Some(dump_stacks) = dump_only_stacks(cx) {
-            return state_only(cx, &dump_stacks, LeakOrigin::DumpStacksOnly);
+        if stacks_only_at_dump(cx) {
+            return state_only(cx, LeakOrigin::DumpStacksOnly);
         }
         let lc = cx.lifecycle;
         // Kept outputs of no-grad passes counted per call of the helper that runs the model
@@ -355,12 +355,7 @@ fn regrown(cx: &Context, reported: &BTreeSet<Option<FrameId>>) -> Vec<Finding> {
     for (bi, b) in cx.replay.blocks.iter().enumerate() {
         let Some(a) = b.alloc_event() else { continue };
         let info = cx.stacks.get(cx.events[a as usize].stack);
-        if !info.python
-            || info.forward
-            || info.optimizer
-            || info.construction
-            || info.recompute
-            || info.backward_launch
+        if !info.python || info.forward || info.optimizer || info.construction || info.recompute || info.backward_launch
         {
             continue;
         }
@@ -416,37 +411,31 @@ fn regrown(cx: &Context, reported: &BTreeSet<Option<FrameId>>) -> Vec<Finding> {
     out
 }
 
-/// For a trace none of whose allocations has a user frame while some live block of the dump
-/// has: the dump's stack of each live block, by address. `None` otherwise.
-fn dump_only_stacks(cx: &Context) -> Option<FxHashMap<u64, StackId>> {
+/// Does this device's trace have allocations, none with a user frame, while some block alive at
+/// the dump has the dump's stack (`Context::dump_stacks`)?
+fn stacks_only_at_dump(cx: &Context) -> bool {
     if cx.dump_stacks.is_empty() {
-        return None;
+        return false;
     }
     let allocs = || cx.events.iter().filter(|e| e.action() == memsnap_model::Action::Alloc);
     if allocs().next().is_none() || allocs().any(|e| !cx.stacks.userless(e.stack)) {
-        return None;
+        return false;
     }
     let dev = cx.replay.device;
-    let stacks: FxHashMap<u64, StackId> = cx
-        .replay
-        .blocks
-        .iter()
-        .filter(|b| b.freed_at().is_none())
-        .filter_map(|b| cx.dump_stacks.get(&(dev, b.address)).map(|&s| (b.address, s)))
-        .collect();
-    (!stacks.is_empty()).then_some(stacks)
+    cx.replay.blocks.iter().any(|b| b.freed_at().is_none() && cx.dump_stacks.contains_key(&(dev, b.address)))
 }
 
 /// No trace (or one without stacks): live blocks at the dump grouped by the line that allocated
 /// them (the line that ran the model for model outputs), leaving out parameters, optimizer state
-/// and frameless blocks. `dump_stacks`: stacks by address for blocks whose own has no frames.
-fn state_only(cx: &Context, dump_stacks: &FxHashMap<u64, StackId>, origin: LeakOrigin) -> Vec<Finding> {
+/// and frameless blocks. A block's stack is the dump's where its own has no frames
+/// ([`crate::with_dump_stack`]).
+fn state_only(cx: &Context, origin: LeakOrigin) -> Vec<Finding> {
     let mut by: BTreeMap<FrameId, (Vec<usize>, StackId, u64)> = BTreeMap::new();
     for (bi, b) in cx.replay.blocks.iter().enumerate() {
         if b.freed_at().is_some() {
             continue;
         }
-        let stack = if cx.stacks.userless(b.stack) { dump_stacks.get(&b.address).copied().unwrap_or(b.stack) } else { b.stack };
+        let stack = crate::with_dump_stack(b, cx.replay.device, cx.dump_stacks).stack;
         let info = cx.stacks.get(stack);
         if info.construction || info.optimizer || info.backward_launch || info.recompute {
             continue;
