@@ -421,8 +421,29 @@ fn analyze_device(
         traced: peak_known,
         dump_stacks,
         kept_backward: Default::default(),
+        retained_held: Default::default(),
     };
     let suspects = detectors::detect(&cx);
+    caveats.extend(detectors::reference_leak::state_working_sets(&cx).into_iter().map(|(line, blocks, bytes, parts)| {
+        format!(
+            "{} alive at the dump ({}) come from {}, yet the trace shows them all made in {} of its {} equal parts: they did not accumulate while the rest of the trace ran (a working set still held, such as the last request's cache), so they are not reported as a leak",
+            memsnap_model::plural(blocks as u64, "block", "blocks"),
+            memsnap_model::format_bytes(bytes, 2),
+            site::short_of(snap, line),
+            parts,
+            thresholds.min_leak_occurrences
+        )
+    }));
+    caveats.extend(detectors::reference_leak::input_growth(&cx).into_iter().map(|(line, input, passes)| {
+        format!(
+            "the tensor made at {} before each forward pass grew from {} to {} over the trace, and the passes it feeds grew with it ({} to {} allocated per pass): memory climbs because the shapes of the work grow (a length curriculum, growing images, decoding without a KV cache), not because a reference keeps tensors; whether the growth stops is up to the schedule, which the snapshot does not show",
+            site::short_of(snap, line),
+            memsnap_model::format_bytes(input[0], 2),
+            memsnap_model::format_bytes(input[1], 2),
+            memsnap_model::format_bytes(passes[0], 2),
+            memsnap_model::format_bytes(passes[1], 2)
+        )
+    }));
     if !peak_known {
         caveats.push(
             "without allocations in the trace the peak cannot be established from this file (peaks are null in JSON); suspects rest on the dump-time state only"

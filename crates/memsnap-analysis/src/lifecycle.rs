@@ -349,6 +349,7 @@ pub fn lifecycle(
         };
     });
 
+    retained_together(phases, &mut units);
     abandoned_training_passes(events, stacks, &mut units);
 
     // Awaiting backward: unconsumed grad-on units after the last backward, when the trace ends at
@@ -409,6 +410,39 @@ pub fn lifecycle(
         })
         .collect();
     Lifecycle { units, blocks, unit_of_block }
+}
+
+/// Mark unconsumed grad-on units that feed a retaining backward together with the pass right
+/// before it.
+///
+/// Mechanism. A loss can combine several passes run one after the other (a GAN discriminator on
+/// real and on generated images, two views through a siamese encoder): one backward then runs
+/// through all of them. With `retain_graph=True` that backward frees none of their saved tensors,
+/// so no free says which passes it ran through; the pass right before it is *retained by
+/// backward*. An earlier grad-on pass after the previous backward, followed only by grad-on
+/// passes of other call sites up to that backward (none from its own: a second batch through the
+/// same line would be another step's), was not run for nothing: it belongs to the same retained
+/// graph.
+fn retained_together(phases: &Phases, units: &mut [Unit]) {
+    for i in 0..units.len() {
+        if units[i].fate != UnitFate::Unconsumed || !units[i].grad_on {
+            continue;
+        }
+        let next = phases.backwards.partition_point(|b| b.span.start < units[i].span.end);
+        let Some(bw) = phases.backwards.get(next) else { continue };
+        let later = &units[i + 1..];
+        let between = &later[..later.partition_point(|u| u.span.start < bw.span.start)];
+        let Some(last) = between.last() else { continue };
+        let together = last.fate == (UnitFate::RetainedByBackward { backward: next })
+            && between.iter().all(|u| {
+                u.grad_on
+                    && u.call_site != units[i].call_site
+                    && matches!(u.fate, UnitFate::Unconsumed | UnitFate::RetainedByBackward { .. })
+            });
+        if together {
+            units[i].fate = UnitFate::RetainedByBackward { backward: next };
+        }
+    }
 }
 
 /// Mark unconsumed grad-on units that are training passes whose backward was skipped.

@@ -15,7 +15,7 @@
 mod fragmentation;
 mod no_grad_missing;
 mod oom;
-mod reference_leak;
+pub(crate) mod reference_leak;
 mod retained_graph;
 mod unreleased_gradient;
 
@@ -55,6 +55,8 @@ pub struct Context<'a> {
     pub dump_stacks: &'a rustc_hash::FxHashMap<(u32, u64), StackId>,
     /// [`Context::kept_backward_groups`], computed on first use.
     pub kept_backward: std::sync::OnceLock<Vec<BackwardGroup>>,
+    /// [`Context::held_by_retained_graph`], computed on first use.
+    pub retained_held: std::sync::OnceLock<Vec<bool>>,
 }
 
 /// A detector: reads a [`Context`], returns findings.
@@ -290,10 +292,81 @@ impl Context<'_> {
         self.kept_backward.get_or_init(|| self.group_kept_backward())
     }
 
+    /// Per block of the replay: kept to the end because a retained graph that a reference still
+    /// holds keeps it, though no forward pass of that graph allocated it.
+    ///
+    /// Mechanism. A pass whose graph a retaining backward kept (`retain_graph=True`;
+    /// `create_graph=True` implies it) and a reference still holds (*retained by backward*,
+    /// [`Lifecycle::graph_held`]) keeps every tensor its operations saved, and three kinds of
+    /// them were not allocated by the pass itself:
+    /// - its inputs, made in its step before it (the batch, or the generator's output fed to a
+    ///   discriminator): the first convolution or linear saves its input;
+    /// - what the retaining backward allocated and that outlives it: with `create_graph=True`
+    ///   the backward records a graph of its own whose operations save their tensors (the
+    ///   gradients of every layer), kept as long as its result is (a plain retaining backward
+    ///   leaves only parameter gradients, which `zero_grad` frees);
+    /// - the gradient of such an input that requires grad (`x.requires_grad_()` for a saliency or
+    ///   gradient penalty): a later backward accumulates it into `x.grad`, of exactly `x`'s size,
+    ///   and it lives as long as `x` does.
+    ///
+    /// None of them is a separate reference: they are the graph's, reported as
+    /// `retained_graph`, not as a `reference_leak` or kept gradients.
+    pub fn held_by_retained_graph(&self) -> &[bool] {
+        self.retained_held.get_or_init(|| self.find_retained_held())
+    }
+
+    fn find_retained_held(&self) -> Vec<bool> {
+        let lc = self.lifecycle;
+        let bs = &self.replay.blocks;
+        let mut out = vec![false; bs.len()];
+        // (the end of the backward before the pass, the pass start, the retaining backward)
+        let windows: Vec<(u32, u32, usize)> = lc
+            .units
+            .iter()
+            .enumerate()
+            .filter_map(|(u, unit)| match unit.fate {
+                crate::lifecycle::UnitFate::RetainedByBackward { backward } if lc.graph_held(u) => {
+                    let k = self.phases.backwards.partition_point(|b| b.span.end <= unit.pass_span.start);
+                    let since = k.checked_sub(1).map_or(0, |k| self.phases.backwards[k].span.end);
+                    Some((since, unit.pass_span.start, backward))
+                }
+                _ => None,
+            })
+            .collect();
+        if windows.is_empty() {
+            return out;
+        }
+        let retaining: BTreeSet<usize> = windows.iter().map(|w| w.2).collect();
+        let mut inputs: BTreeSet<(usize, u64)> = BTreeSet::new();
+        for (bi, b) in bs.iter().enumerate() {
+            let Some(a) = b.alloc_event().filter(|_| b.freed_at().is_none()) else { continue };
+            if matches!(self.attr(b), Attr::Backward(_)) {
+                out[bi] = self.phases.backward_index_at(a).is_some_and(|k| retaining.contains(&k));
+            } else if windows.iter().any(|&(since, start, _)| since <= a && a < start) {
+                out[bi] = true;
+                if let Some(it) = self.iteration_of(b) {
+                    inputs.insert((it, b.size));
+                }
+            }
+        }
+        for (bi, b) in bs.iter().enumerate() {
+            if !out[bi]
+                && b.alloc_event().is_some()
+                && b.freed_at().is_none()
+                && matches!(self.attr(b), Attr::Backward(_))
+                && self.iteration_of(b).is_some_and(|it| inputs.contains(&(it, b.size)))
+            {
+                out[bi] = true;
+            }
+        }
+        out
+    }
+
     fn group_kept_backward(&self) -> Vec<BackwardGroup> {
         let mut groups: Vec<BackwardGroup> = Vec::new();
+        let held = self.held_by_retained_graph();
         for (bi, b) in self.replay.blocks.iter().enumerate() {
-            if b.alloc_event().is_none() || b.freed_at().is_some() {
+            if b.alloc_event().is_none() || b.freed_at().is_some() || held[bi] {
                 continue;
             }
             let Attr::Backward(line) = self.attr(b) else { continue };

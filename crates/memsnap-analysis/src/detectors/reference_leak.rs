@@ -160,6 +160,9 @@ impl Detector for ReferenceLeak {
         // repetition because only one pass per call keeps something (the last decoding step's
         // KV cache, stored per request).
         let calls = lc.call_groups(cx.events, cx.stacks);
+        // Kept only because a retained graph that a reference holds keeps them: its inputs, what
+        // its create_graph backward saved, their gradients (`Context::held_by_retained_graph`).
+        let held = cx.held_by_retained_graph();
         // Blocks are grouped in parallel runs merged in order, so every group lists its blocks in
         // the order of a sequential pass: forward passes' blocks first, then the others.
         // Forward passes whose graphs no longer hold their tensors (and, per call, those of
@@ -208,6 +211,9 @@ impl Detector for ReferenceLeak {
                             },
                         };
                         let kept = ub.fate == BlockFate::Kept;
+                        if kept && origin == Origin::Trained && held[ub.block] {
+                            continue;
+                        }
                         groups.add(Key::Line(line, origin), ub.block, b.size, occ, kept, pass, stack);
                         if origin == Origin::NoGrad {
                             per_call.add(Key::Line(line, origin), ub.block, b.size, calls[u], kept, false, stack);
@@ -233,6 +239,7 @@ impl Detector for ReferenceLeak {
                 let stack = cx.event_stack(b);
                 let info = cx.stacks.get(stack);
                 let key = match cx.attr(b) {
+                    _ if held[bi] => return groups,
                     Attr::Backward(line) if !gradient_lines.contains(&line) => Key::Line(line, Origin::Backward),
                     Attr::Site(s) if !info.optimizer && !info.forward && !info.construction && !info.recompute => {
                         Key::Line(Some(s), Origin::User)
@@ -350,7 +357,95 @@ impl Detector for ReferenceLeak {
 /// so its live bytes are the tensor's size at each moment and its growth the median increase per
 /// iteration. A buffer that grows within one evaluation and dies with it ends freed: not a
 /// chain to the end. Lines already reported by the per-iteration count are left alone.
+///
+/// A chain whose blocks are the inputs of forward passes that grew with them is not one tensor
+/// fed from its own past but a workload whose shapes grow (`input_growth`): a sequence-length
+/// curriculum, progressive resizing, decoding without a KV cache (`ids = torch.cat([ids, tok])`
+/// then `model(ids)`). Memory climbs because the shapes do; no reference keeps anything. It is
+/// said in a caveat instead ([`input_growth`]).
 fn regrown(cx: &Context, reported: &BTreeSet<Option<FrameId>>) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for (site, chain, eligible) in chains(cx, reported) {
+        if feeds_growing_passes(cx, &chain).is_some() {
+            continue;
+        }
+        let bs = &cx.replay.blocks;
+        let last = *chain.last().unwrap();
+        let iters: BTreeSet<usize> = chain.iter().filter_map(|&bi| cx.iteration_of(&bs[bi])).collect();
+        let stack = cx.event_stack(&bs[last]);
+        out.push(Finding {
+            occurrences: iters.len(),
+            kind: SuspectKind::ReferenceLeak,
+            severity: Severity::Leak,
+            confidence: cx.growth_confidence(iters.len(), eligible),
+            occurrence: Occurrence::Iteration,
+            boundaries: cx.iteration_boundaries(),
+            bytes: None,
+            site: Some(cx.site(site)),
+            stack,
+            facts: Evidence::ReferenceLeak {
+                origin: LeakOrigin::Regrown,
+                blocks: chain.len() as u64,
+                occurrences: iters.len(),
+                eligible,
+                occurrence: Occurrence::Iteration,
+            },
+            blocks: chain,
+        });
+    }
+    out
+}
+
+/// Lines whose re-made, growing tensor is the input of forward passes that grew with it: `(line,
+/// bytes of its first and last block, bytes the passes they fed allocated)`. Said in a caveat:
+/// memory grows with the shapes of the work, which the snapshot shows; whether the schedule ever
+/// stops growing it does not.
+pub(crate) fn input_growth(cx: &Context) -> Vec<(FrameId, [u64; 2], [u64; 2])> {
+    if !cx.traced || stacks_only_at_dump(cx) {
+        return Vec::new();
+    }
+    let bs = &cx.replay.blocks;
+    chains(cx, &BTreeSet::new())
+        .into_iter()
+        .filter_map(|(site, chain, _)| {
+            let passes = feeds_growing_passes(cx, &chain)?;
+            let last = bs[*chain.last().unwrap()].size;
+            (last >= cx.thresholds.min_suspect_bytes).then_some((site, [bs[chain[0]].size, last], passes))
+        })
+        .collect()
+}
+
+/// Mechanism. A pass reads its input, and what it allocates (activations, saved tensors,
+/// outputs) is an affine function of the input's size whose size-independent part holds no
+/// activation: so when the input grows, the pass grows by at least as many bytes as the input
+/// did (its first layer's output alone is as large as the input for any layer that keeps the
+/// length: embeddings, linears, convolutions, attention). A tensor fed from its own past (a
+/// MoCo queue) and used after the model leaves the passes as they were. The chain's first and
+/// last blocks must each be alive when the next pass after them starts (`x = next(batches)`,
+/// then `model(x)`); the answer is the bytes those two passes allocated inside their module
+/// calls, when the later one allocated at least the input's growth more.
+fn feeds_growing_passes(cx: &Context, chain: &[usize]) -> Option<[u64; 2]> {
+    let lc = cx.lifecycle;
+    let bs = &cx.replay.blocks;
+    // The first pass that starts after the block was made, while it is still alive.
+    let pass_bytes = |bi: usize| -> Option<u64> {
+        let a = bs[bi].alloc_event()?;
+        let u = lc.units.partition_point(|u| u.pass_span.start <= a);
+        let unit = lc.units.get(u)?;
+        bs[bi]
+            .freed_at()
+            .is_none_or(|f| f > unit.pass_span.start)
+            .then(|| lc.blocks[u].iter().filter(|b| b.in_pass).map(|b| bs[b.block].size).sum())
+    };
+    let (first, last) = (*chain.first()?, *chain.last()?);
+    let (p0, p1) = (pass_bytes(first)?, pass_bytes(last)?);
+    (p1.saturating_sub(p0) >= bs[last].size.saturating_sub(bs[first].size)).then_some([p0, p1])
+}
+
+/// Candidate chains (see [`regrown`]): per user line outside model calls, not in `reported`,
+/// the chain ending at its last block, when it is growth: `(line, chain, iterations the line
+/// allocated in)`.
+fn chains(cx: &Context, reported: &BTreeSet<Option<FrameId>>) -> Vec<(FrameId, Vec<usize>, usize)> {
     let mut by: BTreeMap<FrameId, Vec<usize>> = BTreeMap::new();
     for (bi, b) in cx.replay.blocks.iter().enumerate() {
         let Some(a) = b.alloc_event() else { continue };
@@ -387,26 +482,7 @@ fn regrown(cx: &Context, reported: &BTreeSet<Option<FrameId>>) -> Vec<Finding> {
         if !cx.is_growth(iters.len(), eligible.len()) {
             continue;
         }
-        let stack = cx.event_stack(&bs[last]);
-        out.push(Finding {
-            occurrences: iters.len(),
-            kind: SuspectKind::ReferenceLeak,
-            severity: Severity::Leak,
-            confidence: cx.growth_confidence(iters.len(), eligible.len()),
-            occurrence: Occurrence::Iteration,
-            boundaries: cx.iteration_boundaries(),
-            bytes: None,
-            site: Some(cx.site(site)),
-            stack,
-            facts: Evidence::ReferenceLeak {
-                origin: LeakOrigin::Regrown,
-                blocks: chain.len() as u64,
-                occurrences: iters.len(),
-                eligible: eligible.len(),
-                occurrence: Occurrence::Iteration,
-            },
-            blocks: chain,
-        });
+        out.push((site, chain, eligible.len()));
     }
     out
 }
@@ -429,7 +505,41 @@ fn stacks_only_at_dump(cx: &Context) -> bool {
 /// them (the line that ran the model for model outputs), leaving out parameters, optimizer state
 /// and frameless blocks. A block's stack is the dump's where its own has no frames
 /// ([`crate::with_dump_stack`]).
+///
+/// With a trace whose events carry no stack (`context="state"`), the trace still says *when*
+/// each live block was made. A leak repeats: a group whose blocks were all made in the trace, yet
+/// in fewer than `min_leak_occurrences` of as many equal parts of it, did not accumulate while
+/// the rest of the trace ran: it is the working set the program held at the dump (the last
+/// request's KV cache, a cache made once), not growth ([`state_working_sets`], a caveat).
 fn state_only(cx: &Context, origin: LeakOrigin) -> Vec<Finding> {
+    state_groups(cx)
+        .into_iter()
+        .filter(|(_, (blocks, _))| origin != LeakOrigin::DumpStacksOnly || made_in_parts(cx, blocks).is_none())
+        .map(|(line, (blocks, stack))| Finding {
+            occurrences: 0,
+            kind: SuspectKind::ReferenceLeak,
+            severity: Severity::Leak,
+            confidence: cx.thresholds.state_only_confidence,
+            occurrence: Occurrence::Iteration,
+            boundaries: Vec::new(),
+            bytes: None,
+            site: Some(cx.site(line)),
+            stack,
+            facts: Evidence::ReferenceLeak {
+                origin,
+                blocks: blocks.len() as u64,
+                occurrences: blocks.len(),
+                eligible: blocks.len(),
+                occurrence: Occurrence::Iteration,
+            },
+            blocks,
+        })
+        .collect()
+}
+
+/// The state-only groups of at least `state_min_same_site_blocks` live blocks: line -> (blocks,
+/// the stack of the largest).
+fn state_groups(cx: &Context) -> BTreeMap<FrameId, (Vec<usize>, StackId)> {
     let mut by: BTreeMap<FrameId, (Vec<usize>, StackId, u64)> = BTreeMap::new();
     for (bi, b) in cx.replay.blocks.iter().enumerate() {
         if b.freed_at().is_some() {
@@ -450,24 +560,35 @@ fn state_only(cx: &Context, origin: LeakOrigin) -> Vec<Finding> {
     }
     by.into_iter()
         .filter(|(_, (blocks, _, _))| blocks.len() as u64 >= cx.thresholds.state_min_same_site_blocks)
-        .map(|(line, (blocks, stack, _))| Finding {
-            occurrences: 0,
-            kind: SuspectKind::ReferenceLeak,
-            severity: Severity::Leak,
-            confidence: cx.thresholds.state_only_confidence,
-            occurrence: Occurrence::Iteration,
-            boundaries: Vec::new(),
-            bytes: None,
-            site: Some(cx.site(line)),
-            stack,
-            facts: Evidence::ReferenceLeak {
-                origin,
-                blocks: blocks.len() as u64,
-                occurrences: blocks.len(),
-                eligible: blocks.len(),
-                occurrence: Occurrence::Iteration,
-            },
-            blocks,
+        .map(|(line, (blocks, stack, _))| (line, (blocks, stack)))
+        .collect()
+}
+
+/// `Some(k)` when every block was made in the trace and they fall in only `k` (fewer than
+/// `min_leak_occurrences`) of as many equal parts of it, by event index.
+fn made_in_parts(cx: &Context, blocks: &[usize]) -> Option<usize> {
+    let n = cx.events.len() as u64;
+    let parts = cx.thresholds.min_leak_occurrences as u64;
+    if n == 0 || parts == 0 {
+        return None;
+    }
+    let made: Option<BTreeSet<u64>> =
+        blocks.iter().map(|&bi| cx.replay.blocks[bi].alloc_event().map(|a| a as u64 * parts / n)).collect();
+    made.filter(|m| (m.len() as u64) < parts).map(|m| m.len())
+}
+
+/// Groups that a trace without stacks shows to be a working set, not growth (see
+/// [`state_only`]): `(line, blocks, bytes, parts of the trace they were made in)`.
+pub(crate) fn state_working_sets(cx: &Context) -> Vec<(FrameId, usize, u64, usize)> {
+    if !cx.traced || !stacks_only_at_dump(cx) {
+        return Vec::new();
+    }
+    state_groups(cx)
+        .into_iter()
+        .filter_map(|(line, (blocks, _))| {
+            let parts = made_in_parts(cx, &blocks)?;
+            let bytes = blocks.iter().map(|&bi| cx.replay.blocks[bi].size).sum();
+            (bytes >= cx.thresholds.min_suspect_bytes).then_some((line, blocks.len(), bytes, parts))
         })
         .collect()
 }
