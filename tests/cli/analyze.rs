@@ -482,3 +482,51 @@ fn a_state_only_trace_names_the_lines_of_memory_held_at_the_dump() {
     assert!(caveats.contains("only the blocks alive at the dump name their lines"), "{caveats}");
     assert!(!caveats.contains("cannot be attributed to lines of code"), "{caveats}");
 }
+
+#[test]
+fn a_growing_input_whose_passes_grow_with_it_is_shape_growth_not_a_leak() {
+    // A sequence-length curriculum: the batch is re-made larger each step and the previous one
+    // freed on rebinding (a chain like `queue = torch.cat([queue, k])`), but the passes it feeds
+    // grow with it. No suspect; a caveat says memory grows with the shapes.
+    let out = analyze(&fixture("extra6/u04_seq_len_curriculum_clean.pickle.xz"));
+    assert!(out["suspects"].as_array().unwrap().is_empty(), "{}", out["suspects"]);
+    let caveats = out["devices"][0]["caveats"].to_string();
+    assert!(caveats.contains("u04_seq_len_curriculum_clean.py:20"), "{caveats}");
+    assert!(caveats.contains("the shapes of the work grow"), "{caveats}");
+    // The MoCo queue fed from its own past, used after the model, stays a leak.
+    let v12 = analyze(&fixture("extra5/v12_midtrain_ring_moco_queue_cat_leak.pickle.xz"));
+    assert_eq!(v12["suspects"][0]["kind"], "reference_leak", "{}", v12["suspects"]);
+    assert_eq!(v12["suspects"][0]["site"]["line"], 52, "{}", v12["suspects"]);
+}
+
+#[test]
+fn a_state_only_trace_tells_a_working_set_made_at_the_end_from_growth() {
+    // `context="state"`: the last request's bounded KV cache (17 blocks from the model call line)
+    // was made in the last third of the trace: not reported, said in a caveat. v10's cache,
+    // filled over the whole trace, stays a leak.
+    let out = analyze(&fixture("extra6/u05_inference_mode_sliding_kv_context_state_clean.pickle.xz"));
+    assert!(out["suspects"].as_array().unwrap().is_empty(), "{}", out["suspects"]);
+    let caveats = out["devices"][0]["caveats"].to_string();
+    assert!(caveats.contains("did not accumulate"), "{caveats}");
+    assert!(caveats.contains("u05_inference_mode_sliding_kv_context_state_clean.py:62"), "{caveats}");
+    let v10 = analyze(&fixture("extra5/v10_context_state_dedup_cache_leak.pickle.xz"));
+    assert_eq!(v10["suspects"][0]["kind"], "reference_leak", "{}", v10["suspects"]);
+}
+
+#[test]
+fn a_retained_graph_over_two_passes_keeps_both_and_their_inputs() {
+    // DCGAN: D on real and D on fake form one loss, `d_loss.backward(retain_graph=True)`, the
+    // logged `d_loss` keeps both passes' graphs and what they saved (the real batch, G's output):
+    // one retained_graph at the backward line, no no_grad_missing, no reference_leak.
+    let out = analyze(&fixture("extra6/u14_dcgan_retain_graph_logged_d_loss_leak.pickle.xz"));
+    let s = out["suspects"].as_array().unwrap();
+    assert_eq!(s.len(), 1, "{}", out["suspects"]);
+    assert_eq!(s[0]["kind"], "retained_graph");
+    assert_eq!(s[0]["severity"], "leak");
+    assert_eq!(s[0]["site"]["line"], 30);
+    // A saliency from `autograd.grad(..., create_graph=True)` kept as a tensor: the backward's
+    // own saved tensors and `x.grad` are the graph's, not a hook's tensors or kept gradients.
+    let u11 = analyze(&fixture("extra6/u11_input_grad_create_graph_history_leak.pickle.xz"));
+    let kinds: Vec<&str> = u11["suspects"].as_array().unwrap().iter().map(|s| s["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["retained_graph"], "{}", u11["suspects"]);
+}

@@ -163,3 +163,20 @@ fn engine_run_python_is_told_by_the_user_frames_outside_autograd() {
     assert!(!table.get(a).recompute, "a custom Function called from the user's loop is not engine-run");
     assert!(table.get(b).recompute, "a checkpoint recomputation is engine-run");
 }
+
+/// One loss over two passes (`model(x)` and `aux(x)`), `backward(retain_graph=True)` and
+/// `history.append(loss)`: the backward frees neither graph, and the first pass, with the aux
+/// pass between it and the backward, is retained with it, not an evaluation without no_grad.
+#[test]
+fn retained_graph_over_two_passes_of_one_loss() {
+    let mut p = Program::new(2);
+    let o = Train { retain_graph: true, keep_loss: true, two_calls: true, ..Train::default() };
+    let steps = train(&mut p, o);
+    let a = analyze_snapshot(&p.t.finish());
+    let s = the_one(&a, SuspectKind::RetainedGraph);
+    assert_site(&s, TRAIN, 18, &a);
+    assert_eq!(s.severity, Severity::Leak, "{}", describe(&a));
+    assert!(s.growth_bytes_per_iteration.unwrap() > 2 * steps.saved_bytes, "{}", describe(&a));
+    assert_none_of(&a, SuspectKind::NoGradMissing);
+    assert_none_of(&a, SuspectKind::ReferenceLeak);
+}
