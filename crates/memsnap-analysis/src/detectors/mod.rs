@@ -56,7 +56,7 @@ pub struct Context<'a> {
     /// [`Context::kept_backward_groups`], computed on first use.
     pub kept_backward: std::sync::OnceLock<Vec<BackwardGroup>>,
     /// [`Context::held_by_retained_graph`], computed on first use.
-    pub retained_held: std::sync::OnceLock<Vec<bool>>,
+    pub retained_held: std::sync::OnceLock<Vec<Option<u32>>>,
 }
 
 /// A detector: reads a [`Context`], returns findings.
@@ -292,33 +292,37 @@ impl Context<'_> {
         self.kept_backward.get_or_init(|| self.group_kept_backward())
     }
 
-    /// Per block of the replay: kept to the end because a retained graph that a reference still
-    /// holds keeps it, though no forward pass of that graph allocated it.
+    /// Per block of the replay: the retaining backward (index into [`Phases::backwards`]) whose
+    /// graph, held by a reference, keeps the block to the end though no forward pass of that
+    /// graph allocated it.
     ///
     /// Mechanism. A pass whose graph a retaining backward kept (`retain_graph=True`;
     /// `create_graph=True` implies it) and a reference still holds (*retained by backward*,
     /// [`Lifecycle::graph_held`]) keeps every tensor its operations saved, and three kinds of
     /// them were not allocated by the pass itself:
     /// - its inputs, made in its step before it (the batch, or the generator's output fed to a
-    ///   discriminator): the first convolution or linear saves its input;
-    /// - what the retaining backward allocated and that outlives it: with `create_graph=True`
-    ///   the backward records a graph of its own whose operations save their tensors (the
-    ///   gradients of every layer), kept as long as its result is (a plain retaining backward
-    ///   leaves only parameter gradients, which `zero_grad` frees);
+    ///   discriminator; not the optimizer state a step in between made): the first convolution
+    ///   or linear saves its input;
+    /// - what the retaining backward allocated and that outlives it, but for parameter-sized
+    ///   blocks (the gradients): with `create_graph=True` the backward records a graph of its
+    ///   own whose operations save their tensors (the gradients of every layer), kept as long as
+    ///   its result is (a plain retaining backward leaves only parameter gradients);
     /// - the gradient of such an input that requires grad (`x.requires_grad_()` for a saliency or
     ///   gradient penalty): a later backward accumulates it into `x.grad`, of exactly `x`'s size,
     ///   and it lives as long as `x` does.
     ///
-    /// None of them is a separate reference: they are the graph's, reported as
+    /// One-off blocks whose stack and size never recur (a cuBLAS workspace made the first time an
+    /// operation runs) are none of these, as in the lifecycle. None of them is a separate
+    /// reference: they are the graph's, reported as
     /// `retained_graph`, not as a `reference_leak` or kept gradients.
-    pub fn held_by_retained_graph(&self) -> &[bool] {
+    pub fn held_by_retained_graph(&self) -> &[Option<u32>] {
         self.retained_held.get_or_init(|| self.find_retained_held())
     }
 
-    fn find_retained_held(&self) -> Vec<bool> {
+    fn find_retained_held(&self) -> Vec<Option<u32>> {
         let lc = self.lifecycle;
         let bs = &self.replay.blocks;
-        let mut out = vec![false; bs.len()];
+        let mut out = vec![None; bs.len()];
         // (the end of the backward before the pass, the pass start, the retaining backward)
         let windows: Vec<(u32, u32, usize)> = lc
             .units
@@ -337,26 +341,60 @@ impl Context<'_> {
             return out;
         }
         let retaining: BTreeSet<usize> = windows.iter().map(|w| w.2).collect();
-        let mut inputs: BTreeSet<(usize, u64)> = BTreeSet::new();
+        // (stack, size) of every allocation: a block whose pair never recurs is a library's
+        // workspace made the first time an operation ran (cuBLAS), not a graph's tensor.
+        let mut recurrence: rustc_hash::FxHashMap<(StackId, u64), u32> = Default::default();
+        for b in bs {
+            if let Some(a) = b.alloc_event() {
+                *recurrence.entry((self.events[a as usize].stack, b.size)).or_default() += 1;
+            }
+        }
+        // (iteration, size) of the inputs, with their graph's backward
+        let mut inputs: std::collections::BTreeMap<(usize, u64), u32> = Default::default();
         for (bi, b) in bs.iter().enumerate() {
             let Some(a) = b.alloc_event().filter(|_| b.freed_at().is_none()) else { continue };
+            if recurrence.get(&(self.events[a as usize].stack, b.size)) == Some(&1) {
+                continue;
+            }
             if matches!(self.attr(b), Attr::Backward(_)) {
-                out[bi] = self.phases.backward_index_at(a).is_some_and(|k| retaining.contains(&k));
-            } else if windows.iter().any(|&(since, start, _)| since <= a && a < start) {
-                out[bi] = true;
+                // Parameter gradients (the last step's, alive at the end) are no part of a graph.
+                if self.param_sizes.contains(&b.size) {
+                    continue;
+                }
+                out[bi] = self.phases.backward_index_at(a).filter(|k| retaining.contains(k)).map(|k| k as u32);
+            } else if let Some(&(_, _, bw)) = windows.iter().find(|&&(since, start, _)| since <= a && a < start) {
+                // Optimizer state made by the step between the two passes is no input.
+                let info = self.stacks.get(self.events[a as usize].stack);
+                if info.optimizer || info.construction || info.recompute {
+                    continue;
+                }
+                out[bi] = Some(bw as u32);
                 if let Some(it) = self.iteration_of(b) {
-                    inputs.insert((it, b.size));
+                    inputs.insert((it, b.size), bw as u32);
                 }
             }
         }
+        // A graph's saved tensors come back with every step it is kept; an engine block of a size
+        // kept once is a workspace the backward's first matmul made (cuBLAS, on the engine's
+        // thread), whose stack, frameless, says nothing.
+        let mut engine_sizes: rustc_hash::FxHashMap<u64, u32> = Default::default();
         for (bi, b) in bs.iter().enumerate() {
-            if !out[bi]
+            if out[bi].is_some() && matches!(self.attr(b), Attr::Backward(_)) {
+                *engine_sizes.entry(b.size).or_default() += 1;
+            }
+        }
+        for (bi, b) in bs.iter().enumerate() {
+            if out[bi].is_some() && matches!(self.attr(b), Attr::Backward(_)) && engine_sizes.get(&b.size) == Some(&1) {
+                out[bi] = None;
+            }
+        }
+        for (bi, b) in bs.iter().enumerate() {
+            if out[bi].is_none()
                 && b.alloc_event().is_some()
                 && b.freed_at().is_none()
                 && matches!(self.attr(b), Attr::Backward(_))
-                && self.iteration_of(b).is_some_and(|it| inputs.contains(&(it, b.size)))
             {
-                out[bi] = true;
+                out[bi] = self.iteration_of(b).and_then(|it| inputs.get(&(it, b.size)).copied());
             }
         }
         out
@@ -366,7 +404,7 @@ impl Context<'_> {
         let mut groups: Vec<BackwardGroup> = Vec::new();
         let held = self.held_by_retained_graph();
         for (bi, b) in self.replay.blocks.iter().enumerate() {
-            if b.alloc_event().is_none() || b.freed_at().is_some() || held[bi] {
+            if b.alloc_event().is_none() || b.freed_at().is_some() || held[bi].is_some() {
                 continue;
             }
             let Attr::Backward(line) = self.attr(b) else { continue };
@@ -436,6 +474,15 @@ pub struct BackwardGroup {
 /// sizes; a backward block of another size is an activation gradient or a library workspace.
 pub fn parameter_sizes(stacks: &StackTable, phases: &Phases, d: &DeviceReplay, events: &[TraceEvent]) -> BTreeSet<u64> {
     let first_backward = phases.backwards.first().map_or(u32::MAX, |b| b.span.start);
+    // Lines that allocate again once training runs make data (each step's batch), not
+    // parameters: a parameter is made once, before its first backward. A first batch kept to the
+    // end (held by a graph) does not make its size a parameter's.
+    let recurring: rustc_hash::FxHashSet<StackId> = events
+        .iter()
+        .skip(first_backward as usize)
+        .filter(|e| e.action() == memsnap_model::Action::Alloc)
+        .map(|e| e.stack)
+        .collect();
     d.blocks
         .iter()
         .filter(|b| b.freed_at().is_none())
@@ -443,7 +490,12 @@ pub fn parameter_sizes(stacks: &StackTable, phases: &Phases, d: &DeviceReplay, e
             None => true,
             Some(a) => {
                 let info = stacks.get(events[a as usize].stack);
-                a < first_backward && info.python && !info.forward && !info.optimizer && !info.backward_launch
+                a < first_backward
+                    && info.python
+                    && !info.forward
+                    && !info.optimizer
+                    && !info.backward_launch
+                    && !recurring.contains(&events[a as usize].stack)
             }
         })
         .map(|b| b.size)

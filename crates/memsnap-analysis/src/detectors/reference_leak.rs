@@ -211,7 +211,7 @@ impl Detector for ReferenceLeak {
                             },
                         };
                         let kept = ub.fate == BlockFate::Kept;
-                        if kept && origin == Origin::Trained && held[ub.block] {
+                        if kept && origin == Origin::Trained && held[ub.block].is_some() {
                             continue;
                         }
                         groups.add(Key::Line(line, origin), ub.block, b.size, occ, kept, pass, stack);
@@ -239,7 +239,7 @@ impl Detector for ReferenceLeak {
                 let stack = cx.event_stack(b);
                 let info = cx.stacks.get(stack);
                 let key = match cx.attr(b) {
-                    _ if held[bi] => return groups,
+                    _ if held[bi].is_some() => return groups,
                     Attr::Backward(line) if !gradient_lines.contains(&line) => Key::Line(line, Origin::Backward),
                     Attr::Site(s) if !info.optimizer && !info.forward && !info.construction && !info.recompute => {
                         Key::Line(Some(s), Origin::User)

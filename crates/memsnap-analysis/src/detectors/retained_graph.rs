@@ -18,7 +18,9 @@
 //! - the same, for passes awaiting a deferred backward that had not run when the trace ended
 //!   (at an OOM): what filled memory.
 //!
-//! Claims: blocks of units with those fates that are alive past their graph's end. Near misses:
+//! Claims: blocks of units with those fates that are alive past their graph's end, and, for a
+//! retaining backward's graphs, what they keep without their passes having allocated it (their
+//! inputs, a create_graph backward's saved tensors: `Context::held_by_retained_graph`). Near misses:
 //! a graph freed by its backward; a graph rebound each step (at most one alive at a time).
 
 use std::collections::BTreeMap;
@@ -124,6 +126,23 @@ impl Detector for RetainedGraph {
             }
         }
 
+        // What the held retained graphs keep without having allocated it in their passes: their
+        // inputs, a create_graph backward's saved tensors, those inputs' gradients
+        // (`Context::held_by_retained_graph`).
+        let claimed: std::collections::BTreeSet<usize> =
+            groups.values().flat_map(|g| g.blocks.iter().copied()).collect();
+        for (bi, bw) in cx.held_by_retained_graph().iter().enumerate() {
+            let Some(bw) = bw else { continue };
+            let Some(g) = groups.get_mut(&Key::Backward(cx.phases.backwards[*bw as usize].line)) else { continue };
+            if claimed.contains(&bi) {
+                continue;
+            }
+            let b = &cx.replay.blocks[bi];
+            g.blocks.push(bi);
+            if let Some(it) = cx.iteration_of(b) {
+                g.kept_occurrences.insert(it);
+            }
+        }
         let mut out = Vec::new();
         for (key, g) in groups {
             if g.units.len() < th.min_held_graphs {
