@@ -524,6 +524,9 @@ fn a_retained_graph_over_two_passes_keeps_both_and_their_inputs() {
     assert_eq!(s[0]["kind"], "retained_graph");
     assert_eq!(s[0]["severity"], "leak");
     assert_eq!(s[0]["site"]["line"], 30);
+    // With the inputs the graph saved, the growth is the live process's (the truth's phases:
+    // `memory_allocated()` grew by 22,553,088 bytes per step).
+    assert_eq!(s[0]["growth_bytes_per_iteration"], 22_553_088u64, "{}", out["suspects"]);
     // A saliency from `autograd.grad(..., create_graph=True)` kept as a tensor: the backward's
     // own saved tensors and `x.grad` are the graph's, not a hook's tensors or kept gradients.
     let u11 = analyze(&fixture("extra6/u11_input_grad_create_graph_history_leak.pickle.xz"));
