@@ -223,8 +223,9 @@ fn device_text(s: &mut String, snap: &Snapshot, d: &DeviceReplay, m: &MemoryMap)
         );
     }
     // As `_memory_viz segsum`: free memory is cached free blocks ("external") plus what rounding
-    // and unsplit blocks add to allocations ("internal").
-    let internal = total.allocated_bytes - total.requested_bytes;
+    // and unsplit blocks add to allocations ("internal"). A file may claim a requested size above
+    // its block's size (PyTorch never writes one): no internal waste is then counted for it.
+    let internal = total.allocated_bytes.saturating_sub(total.requested_bytes);
     let free = total.free_bytes + internal;
     let _ = writeln!(s, "segments: {}  (flags: e expandable, g CUDA graph's private pool, u user-created pool (MemPool, graph_pool_handle), p other private pool, s side stream)", m.segments.len());
     let _ = writeln!(s, "total_reserved: {}", fmt_bytes(reserved));

@@ -216,3 +216,37 @@ fn missing_file_and_directory_are_errors_not_panics() {
         assert!(line.contains(arg), "{line}");
     }
 }
+
+/// The command lines the `analyze_cli` fuzz target runs (fuzz/fuzz_targets/analyze_cli.rs):
+/// every form of output, over the replay and the detectors.
+const EVERY_OUTPUT: &[&[&str]] = &[
+    &["analyze", "--json"],
+    &["analyze"],
+    &["report", "-o", "-", "--format", "html"],
+    &["report", "-o", "-", "--format", "svg"],
+    &["flamegraph", "--folded"],
+    &["flamegraph", "--at", "end"],
+    &["timeline", "--json", "--every", "7"],
+    &["segments", "--at", "peak"],
+    &["segments"],
+    &["trace"],
+];
+
+/// Files that are read but say what no allocator would (`ok_*`; `ok_fuzz_*` were found by the
+/// fuzz target, e.g. a block whose requested size exceeds its size) go through every command:
+/// exit 0, never a panic. The 100 000-device file has its own test (linear work).
+#[test]
+fn accepted_odd_files_go_through_every_command() {
+    let files = files_in(&fixture("hostile"), |n| n.starts_with("ok_") && !n.starts_with("ok_devices_100k"));
+    assert!(files.iter().any(|p| p.to_str().unwrap().contains("ok_fuzz_")), "fuzz regressions missing");
+    for path in &files {
+        let f = path.to_str().unwrap();
+        for cmd in EVERY_OUTPUT {
+            let mut args = cmd.to_vec();
+            args.push(f);
+            let run = memsnap(&args);
+            assert!(!run.stderr.contains("panicked"), "{f} {cmd:?}: panic: {}", run.stderr);
+            assert_eq!(run.code, Some(0), "{f} {cmd:?}: {}", run.stderr);
+        }
+    }
+}

@@ -144,13 +144,11 @@ impl MemoryGraph {
     /// a renderer can highlight them.
     pub fn folded(&self, snap: &Snapshot, stacks: &StackTable, mark_user: bool) -> Vec<(String, u64)> {
         let mut out: BTreeMap<String, u64> = BTreeMap::new();
-        // A frame is labelled once, however many blocks' paths it is on.
+        // A frame is labelled once, however many paths it is on.
         let mut labels: HashMap<FrameId, String> = HashMap::new();
-        for n in self.graph.node_indices() {
-            let Node::Block { size, .. } = self.graph[n] else { continue };
+        for (leaf, bytes) in self.bytes_by_leaf() {
             let mut path: Vec<String> = Vec::new();
-            let mut cur = self.graph.neighbors_directed(n, Direction::Outgoing).next();
-            while let Some(c) = cur {
+            for c in self.path_from(leaf) {
                 match &self.graph[c] {
                     Node::Frame(f) => {
                         path.push(labels.entry(*f).or_insert_with(|| frame_label(snap, stacks, *f, mark_user)).clone())
@@ -158,37 +156,54 @@ impl MemoryGraph {
                     Node::Synthetic(s) => path.push((*s).to_string()),
                     Node::Stack(_) | Node::Block { .. } => {}
                 }
-                cur = self.graph.neighbors_directed(c, Direction::Outgoing).next();
             }
             path.reverse();
-            *out.entry(path.join(";")).or_default() += size;
+            let total = out.entry(path.join(";")).or_default();
+            *total = total.saturating_add(bytes);
         }
-        let mut v: Vec<(String, u64)> = out.into_iter().collect();
-        v.sort_by(|a, b| a.0.cmp(&b.0));
-        v
+        out.into_iter().collect()
     }
 
-    /// Inclusive bytes per frame (summed over every calling context of the frame), sorted by
-    /// bytes then frame id.
+    /// Inclusive bytes per frame (summed over every calling context of the frame, a frame that
+    /// recurs on one path counted once for it), sorted by bytes then frame id.
     pub fn inclusive_by_frame(&self) -> Vec<(FrameId, u64)> {
         let mut by: BTreeMap<FrameId, u64> = BTreeMap::new();
-        for n in self.graph.node_indices() {
-            let Node::Block { size, .. } = self.graph[n] else { continue };
-            let mut seen: Vec<FrameId> = Vec::new();
-            let mut cur = self.graph.neighbors_directed(n, Direction::Outgoing).next();
-            while let Some(c) = cur {
+        let mut seen: rustc_hash::FxHashSet<FrameId> = Default::default();
+        for (leaf, bytes) in self.bytes_by_leaf() {
+            seen.clear();
+            for c in self.path_from(leaf) {
                 if let Node::Frame(f) = self.graph[c] {
-                    if !seen.contains(&f) {
-                        seen.push(f);
-                        *by.entry(f).or_default() += size;
+                    if seen.insert(f) {
+                        let total = by.entry(f).or_default();
+                        *total = total.saturating_add(bytes);
                     }
                 }
-                cur = self.graph.neighbors_directed(c, Direction::Outgoing).next();
             }
         }
         let mut v: Vec<(FrameId, u64)> = by.into_iter().collect();
         v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
         v
+    }
+
+    /// Live bytes per node that blocks hang from (a stack, or a synthetic frame), in node order.
+    /// The walks above run once per such node, not once per block: many blocks share one stack
+    /// (a file may give 100 000 blocks one stack of 100 000 frames), and a walk per block would
+    /// cost blocks × depth.
+    fn bytes_by_leaf(&self) -> BTreeMap<NodeIndex, u64> {
+        let mut by: BTreeMap<NodeIndex, u64> = BTreeMap::new();
+        for n in self.graph.node_indices() {
+            let Node::Block { size, .. } = self.graph[n] else { continue };
+            if let Some(leaf) = self.graph.neighbors_directed(n, Direction::Outgoing).next() {
+                let total = by.entry(leaf).or_default();
+                *total = total.saturating_add(size);
+            }
+        }
+        by
+    }
+
+    /// `node`, then its caller, and so on to the outermost frame.
+    fn path_from(&self, node: NodeIndex) -> impl Iterator<Item = NodeIndex> + '_ {
+        std::iter::successors(Some(node), move |&c| self.graph.neighbors_directed(c, Direction::Outgoing).next())
     }
 
     pub fn block_count(&self) -> usize {
