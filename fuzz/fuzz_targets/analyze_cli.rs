@@ -34,7 +34,7 @@ const COMMANDS: &[&[&str]] = &[
 
 /// Text outputs: what a terminal would show. JSON, HTML and SVG escape what they carry.
 fn is_text(cmd: &[&str]) -> bool {
-    !cmd.iter().any(|a| matches!(*a, "--json" | "html" | "svg" | "--folded")) && !(cmd[0] == "flamegraph")
+    cmd[0] != "flamegraph" && !cmd.iter().any(|a| matches!(*a, "--json" | "html" | "svg" | "--folded"))
 }
 
 fn run(cmd: &[&str], data: &[u8]) {
