@@ -217,8 +217,9 @@ fn missing_file_and_directory_are_errors_not_panics() {
     }
 }
 
-/// The command lines the `analyze_cli` fuzz target runs (fuzz/fuzz_targets/analyze_cli.rs):
-/// every form of output, over the replay and the detectors.
+/// Every form of output, over the replay and the detectors: the command lines the
+/// `analyze_cli` fuzz target runs (fuzz/fuzz_targets/analyze_cli.rs) but `check`, and the
+/// segment table at the end besides the one at the peak.
 const EVERY_OUTPUT: &[&[&str]] = &[
     &["analyze", "--json"],
     &["analyze"],
