@@ -165,9 +165,8 @@ impl Snapshot {
         by.into_values().collect()
     }
 
-    /// Trace facts per device trace present in the file.
-    /// Per device trace: its entry count, time range, action counts. Computed from the events,
-    /// or taken from what a summary read counted ([`DeviceTrace::summary`]).
+    /// Per device trace: its entry count, time range, action counts. Taken from what the
+    /// reader counted as it read ([`DeviceTrace::summary`]), else computed from the events.
     pub fn trace_facts(&self) -> Vec<TraceFacts> {
         self.traces
             .iter()
@@ -249,6 +248,11 @@ impl TraceTally {
         }
         self.events_without_time += later.events_without_time;
         self.alloc_addresses.extend(&later.alloc_addresses);
+    }
+
+    /// Events counted.
+    pub fn entries(&self) -> u64 {
+        self.entries
     }
 
     /// Approximate bytes held (for a reader's object budget).

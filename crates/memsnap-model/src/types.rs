@@ -303,7 +303,9 @@ pub struct DeviceTrace {
     /// Every entry, in order; empty after a summary read (`ReadOptions::events` false), which
     /// keeps only [`DeviceTrace::summary`].
     pub events: Vec<TraceEvent>,
-    /// What a summary read counted instead of keeping the events.
+    /// What the reader counted of the entries as it read them: all a summary read keeps; beside
+    /// the events otherwise (so that their facts are not counted again), except for a trace the
+    /// reader did not take as one run of entries, whose facts are counted from the events.
     pub summary: Option<TraceSummary>,
 }
 

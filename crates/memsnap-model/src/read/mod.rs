@@ -278,7 +278,7 @@ struct Builder {
     keep_events: bool,
     /// Records handed out so far (`Value::Record` ids): events kept or tallied.
     records: u32,
-    /// Per heap list, the tally of the events appended to it (a summary read).
+    /// Per heap list, the tally of the events appended to it (all a summary read keeps of them).
     tallies: HashMap<u32, crate::TraceTally>,
 }
 
@@ -631,10 +631,9 @@ impl Builder {
         if ev.stack != StackId::EMPTY {
             self.events_with_frames += 1;
         }
+        self.tallies.entry(list).or_default().add(&ev);
         if self.keep_events {
             self.events.push(ev);
-        } else {
-            self.tallies.entry(list).or_default().add(&ev);
         }
         self.records += 1;
         self.records - 1
@@ -851,6 +850,7 @@ impl Converter<'_, '_, '_> {
         let n = self.seq(v, "device_traces")?;
         let mut built: Vec<Option<Vec<TraceEvent>>> = Vec::with_capacity(n.min(1024));
         let mut runs: Vec<(usize, usize, usize)> = Vec::new(); // (start, len, device)
+        let mut counted: Vec<(usize, u32)> = Vec::new(); // (device, list) of the runs
         let mut summaries: Vec<(usize, u32)> = Vec::new(); // (device, list)
         let mut summarized: rustc_hash::FxHashSet<u32> = Default::default();
         for dev in 0..n {
@@ -871,6 +871,7 @@ impl Converter<'_, '_, '_> {
                     // moved (not copied) out of the builder below.
                     ListStore::Records { start, len } => {
                         runs.push((*start as usize, *len as usize, dev));
+                        counted.push((dev, id));
                         None
                     }
                     ListStore::Frozen(_) => {
@@ -934,6 +935,15 @@ impl Converter<'_, '_, '_> {
         for (dev, list) in summaries {
             let tally = self.b.tallies.get(&list).cloned().unwrap_or_default();
             traces[dev].summary = Some(tally.summary(dev as u32));
+        }
+        // Events kept: their list's tally goes beside them, so that nothing counts them again;
+        // only where it covers exactly the events taken (always, short of a record run cut
+        // short), else the facts are counted from the events.
+        for (dev, list) in counted {
+            let trace = &mut traces[dev];
+            if let Some(tally) = self.b.tallies.get(&list).filter(|t| t.entries() == trace.events.len() as u64) {
+                trace.summary = Some(tally.summary(dev as u32));
+            }
         }
         Ok(traces)
     }

@@ -59,9 +59,7 @@ pub(super) fn merge(b: &mut Builder, store: &mut Store<'_, '_>, chunk: &Chunk) -
 /// What [`convert`] made of a chunk's events.
 #[derive(Default)]
 pub(in crate::read) struct Converted {
-    /// The events, when they are kept.
-    pub events: Vec<TraceEvent>,
-    /// Their tally, when they are not (a summary read).
+    /// The events' tally (all a summary read keeps of them).
     pub tally: crate::TraceTally,
     pub with_frames: u64,
     pub unknown_actions: Vec<String>,
@@ -71,26 +69,33 @@ pub(in crate::read) struct Converted {
 }
 
 /// Convert the first `n` events of a merged chunk (read-only on the builder: everything they
-/// refer to was interned by [`merge`]), into `out`.
-pub(super) fn convert(b: &Builder, view: StoreView<'_, '_>, chunk: &Chunk, m: &Maps, n: usize, out: &mut Converted) {
-    out.events.clear();
+/// refer to was interned by [`merge`]): into `place` (`n` long) when events are kept, else into
+/// `out`'s tally; the rest of what they tell goes to `out`.
+pub(super) fn convert(
+    b: &Builder,
+    view: StoreView<'_, '_>,
+    chunk: &Chunk,
+    m: &Maps,
+    n: usize,
+    out: &mut Converted,
+    place: &mut [TraceEvent],
+) {
     out.tally = crate::TraceTally::default();
     out.with_frames = 0;
     out.unknown_actions.clear();
     let mut contexts = out.contexts.take().unwrap_or_default();
     contexts.clear();
     let mut fits = true;
-    for ev in &chunk.events[..n] {
+    for (k, ev) in chunk.events[..n].iter().enumerate() {
         let (mut e, context) = event(b, view, chunk, m, ev, &mut out.unknown_actions);
         match contexts.intern(context) {
             Some(id) => e.set_context(id),
             None => fits = false,
         }
         out.with_frames += (e.stack != StackId::EMPTY) as u64;
+        out.tally.add(&e);
         if b.keep_events {
-            out.events.push(e);
-        } else {
-            out.tally.add(&e);
+            place[k] = e;
         }
     }
     out.contexts = fits.then_some(contexts);

@@ -28,6 +28,7 @@ use memsnap_pickle::{Advanced, Ahead, ErrorKind, MemoRef, PickleError, StoreView
 use rayon::prelude::*;
 
 use super::{Builder, Contexts};
+use crate::{Action, TraceEvent};
 pub(in crate::read) use decode::Chunk;
 use decode::Window;
 pub(in crate::read) use merge::Converted;
@@ -152,22 +153,43 @@ pub(super) fn fast_forward(b: &mut Builder, ahead: Ahead<'_, '_>) -> Result<Opti
             window_end &= chunk.ran_out || chunk.complete;
         }
     }
-    // Phase 4, parallel: the events (or their tallies), then put in order.
+    // Phase 4, parallel: the events (or their tallies), each chunk's written straight into its
+    // place in the events, so that no thread copies them after (the copy, and the first touch
+    // of those pages, were this window's longest step on one core).
     let mut outs = std::mem::take(&mut b.converted_pool);
     outs.resize_with(merged_maps.len().max(outs.len()), Default::default);
-    {
-        let (b, view) = (&*b, store.view());
-        outs[..merged_maps.len()].par_iter_mut().zip(&merged_maps).enumerate().for_each(|(i, (out, (maps, n)))| {
-            merge::convert(b, view, &chunks[i], maps, *n, out);
-        });
+    let mut events = std::mem::take(&mut b.events);
+    let first_event = events.len();
+    if b.keep_events {
+        let total = merged_maps.iter().map(|(_, n)| n).sum();
+        events.par_extend(rayon::iter::repeat_n(TraceEvent::new(Action::Other, 0), total));
     }
-    for out in &mut outs[..merged_maps.len()] {
+    {
+        let mut places: Vec<&mut [TraceEvent]> = Vec::with_capacity(merged_maps.len());
+        let mut rest = &mut events[first_event..];
+        for (_, n) in &merged_maps {
+            let (place, after) = std::mem::take(&mut rest).split_at_mut(if b.keep_events { *n } else { 0 });
+            places.push(place);
+            rest = after;
+        }
+        let (b, view) = (&*b, store.view());
+        outs[..merged_maps.len()]
+            .par_iter_mut()
+            .zip(&merged_maps)
+            .zip(places)
+            .enumerate()
+            .for_each(|(i, ((out, (maps, n)), place))| merge::convert(b, view, &chunks[i], maps, *n, out, place));
+    }
+    let mut at = first_event;
+    for (out, (_, n)) in outs[..merged_maps.len()].iter_mut().zip(&merged_maps) {
         b.events_with_frames += out.with_frames;
         for a in &out.unknown_actions {
             *b.unknown_actions.entry(a.clone()).or_default() += 1;
         }
-        let absorbed = out.contexts.as_ref().and_then(|c| b.contexts.absorb(c, &mut out.events));
+        let place = if b.keep_events { &mut events[at..at + n] } else { &mut [][..] };
+        let absorbed = out.contexts.as_ref().and_then(|c| b.contexts.absorb(c, place));
         if absorbed.is_none() {
+            b.events = events;
             return Err(PickleError {
                 offset: offset as usize,
                 opcode: None,
@@ -175,11 +197,11 @@ pub(super) fn fast_forward(b: &mut Builder, ahead: Ahead<'_, '_>) -> Result<Opti
             });
         }
         if b.keep_events {
-            b.events.extend_from_slice(&out.events);
-        } else {
-            b.tallies.entry(list).or_default().merge(&out.tally);
+            at += n;
         }
+        b.tallies.entry(list).or_default().merge(&out.tally);
     }
+    b.events = events;
     b.converted_pool = outs;
     adv.records = b.records - first_record;
     b.chunk_pool = chunks;
