@@ -274,7 +274,8 @@ struct Builder {
     windows_scanned: u64,
     /// [`ReadOptions::chunk_bytes`].
     chunk_bytes: usize,
-    /// Whether events are kept (else only tallied per list: a summary read).
+    /// Whether events are kept (they are tallied per list either way; a summary read keeps
+    /// only the tallies).
     keep_events: bool,
     /// Records handed out so far (`Value::Record` ids): events kept or tallied.
     records: u32,
