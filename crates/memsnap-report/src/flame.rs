@@ -40,7 +40,14 @@ pub struct FlameOptions {
     pub font_size: f64,
     /// Frames narrower than this (pixels) are not drawn (their bytes still count above).
     pub min_width: f64,
+    /// Frames deeper than this are not drawn (the chart says how many were left out).
+    pub max_depth: usize,
 }
+
+/// How deep a default chart draws stacks: Python's default recursion limit, so a real
+/// program's stacks (tens of frames, a few hundred with C++ frames) are drawn whole, while a
+/// file's made-up stack of 100 000 frames does not make an SVG of 100 000 rows.
+pub const MAX_DRAWN_DEPTH: usize = 1000;
 
 impl Default for FlameOptions {
     fn default() -> Self {
@@ -52,6 +59,7 @@ impl Default for FlameOptions {
             frame_height: 17.0,
             font_size: 11.0,
             min_width: 0.5,
+            max_depth: MAX_DRAWN_DEPTH,
         }
     }
 }
@@ -179,7 +187,14 @@ pub(crate) fn render(folded: &[(String, u64)], opts: &FlameOptions) -> (String, 
     // Place frames breadth-agnostic with an explicit stack (stacks can be hundreds deep).
     let mut placed: Vec<Placed> = Vec::new();
     let mut todo: Vec<Placed> = vec![Placed { node: 0, depth: 0, x: pad, w: chart_w }];
+    // Frames below the deepest drawn row that would have been drawn.
+    let mut cut = 0u64;
     while let Some(p) = todo.pop() {
+        if p.depth >= opts.max_depth {
+            cut += below(&tree, p.node, chart_w, total, opts.min_width);
+            placed.push(p);
+            continue;
+        }
         let mut x = p.x;
         let mut kids = Vec::new();
         for c in tree.sorted_children(p.node) {
@@ -195,10 +210,20 @@ pub(crate) fn render(folded: &[(String, u64)], opts: &FlameOptions) -> (String, 
     }
     let max_depth = placed.iter().map(|p| p.depth).max().unwrap_or(0);
 
-    let subtitle = if opts.subtitle.is_empty() {
+    let mut subtitle_text = opts.subtitle.clone();
+    if cut > 0 {
+        let note = format!(
+            "Stacks are drawn {} frames deep: {} deeper {} not drawn (the folded text has them all).",
+            opts.max_depth,
+            fmt_count(cut),
+            memsnap_model::agree(cut, "frame is", "frames are")
+        );
+        subtitle_text = if subtitle_text.is_empty() { note } else { format!("{subtitle_text} {note}") };
+    }
+    let subtitle = if subtitle_text.is_empty() {
         Vec::new()
     } else {
-        crate::text::wrap(&opts.subtitle, opts.width - 2.0 * pad, 12.0)
+        crate::text::wrap(&subtitle_text, opts.width - 2.0 * pad, 12.0)
     };
     let mut head = 0.0;
     if !opts.title.is_empty() {
@@ -313,6 +338,22 @@ pub(crate) fn render(folded: &[(String, u64)], opts: &FlameOptions) -> (String, 
     (s, height)
 }
 
+/// Frames under `node` that are wide enough to draw: what a chart cut at `node`'s row leaves out.
+fn below(tree: &Tree, node: usize, chart_w: f64, total: u64, min_width: f64) -> u64 {
+    let mut n = 0;
+    let mut todo = vec![node];
+    while let Some(at) = todo.pop() {
+        for &c in tree.nodes[at].children.values() {
+            let w = if total == 0 { 0.0 } else { chart_w * tree.nodes[c].bytes as f64 / total as f64 };
+            if w >= min_width {
+                n += 1;
+                todo.push(c);
+            }
+        }
+    }
+    n
+}
+
 fn frame_color_root() -> String {
     "#d6d6d6".into()
 }
@@ -339,6 +380,19 @@ mod tests {
         let a = t.nodes[0].children["a"];
         let kids: Vec<&str> = t.sorted_children(a).iter().map(|&n| t.nodes[n].name.as_str()).collect();
         assert_eq!(kids, ["c", "b"]);
+    }
+
+    #[test]
+    fn deep_stacks_are_cut_and_the_chart_says_so() {
+        let deep: Vec<String> = (0..30).map(|k| format!("f{k}")).collect();
+        let folded = vec![(deep.join(";"), 100), ("a;b".to_string(), 100)];
+        let opts = FlameOptions { max_depth: 10, ..FlameOptions::default() };
+        let svg = flamegraph_svg(&folded, &opts);
+        // Rows 1..=10 of the deep stack (f0..f9) are drawn, f10..f29 are not.
+        assert!(svg.contains(">f9<") && !svg.contains(">f10<"), "{svg}");
+        assert!(svg.contains("Stacks are drawn 10 frames deep: 20 deeper frames are not drawn"), "{svg}");
+        let whole = flamegraph_svg(&folded, &FlameOptions::default());
+        assert!(whole.contains(">f29<") && !whole.contains("deeper"), "{whole}");
     }
 
     #[test]
