@@ -196,7 +196,7 @@ impl Detector for ReferenceLeak {
                                     && l.innermost_python == info.innermost_python
                                     && l.module_call == info.module_call
                             });
-                        let line = if !ub.in_pass {
+                        let line = if !ub.in_pass || info.in_module_hook {
                             info.site
                         } else if output {
                             unit.call_site.or(info.site)

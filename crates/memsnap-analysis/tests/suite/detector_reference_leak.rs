@@ -48,6 +48,35 @@ fn reference_leak_user_line_tensor_kept_each_step() {
     }
 }
 
+/// A forward hook on `fc2` that stores `out.clone()` (t09): the copy is made by the hook's own
+/// line, which the module machinery ran; that line, not the model's, is the site.
+#[test]
+fn reference_leak_forward_hook_clone_named_at_the_hook() {
+    let mut p = Program::new(2);
+    let hook = chain(&[
+        &[HOOK, (common::program::MODULE, 1846, "inner"), CALL, WRAP, (MODEL, 24, "forward"), CALL, WRAP],
+        &[(MODEL, 42, "forward"), CALL, WRAP, top(16)],
+    ]);
+    let mut copies = 0;
+    for _ in 0..6 {
+        let x = p.batch(&[top(15)]);
+        let pass = p.forward(&[top(16)], Grad::Enabled, false);
+        p.t.alloc(p.act, &hook);
+        copies += p.act;
+        let loss = p.loss(&[top(17)]);
+        p.backward(&[top(18)], &[&pass], false);
+        p.step(&[top(19)]);
+        p.zero_grad(&[top(20)], ZeroGrad::SetToNone);
+        p.t.free(x, &[top(23)]);
+        p.t.free(pass.logits, &[top(23)]);
+        p.t.free(loss, &[top(23)]);
+    }
+    let a = analyze_snapshot(&p.t.finish());
+    let s = the_one(&a, SuspectKind::ReferenceLeak);
+    assert_site(&s, TRAIN, 12, &a);
+    assert_eq!(s.bytes, copies, "{}", describe(&a));
+}
+
 /// Near miss: `last = logits.detach().clone()`: the previous copy dies when it is replaced.
 #[test]
 fn reference_leak_near_miss_user_line_tensor_replaced_next_step() {
