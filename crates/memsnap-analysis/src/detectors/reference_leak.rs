@@ -214,6 +214,10 @@ impl Detector for ReferenceLeak {
                         if kept && origin == Origin::Trained && held[ub.block].is_some() {
                             continue;
                         }
+                        // A training unit also holds what the user's code made for the pass
+                        // outside the module calls (the batch, a mask): not forward outputs. The
+                        // occurrence is the iteration either way, as for user code elsewhere.
+                        let origin = if origin == Origin::Trained && !ub.in_pass { Origin::User } else { origin };
                         groups.add(Key::Line(line, origin), ub.block, b.size, occ, kept, pass, stack);
                         if origin == Origin::NoGrad {
                             per_call.add(Key::Line(line, origin), ub.block, b.size, calls[u], kept, false, stack);
