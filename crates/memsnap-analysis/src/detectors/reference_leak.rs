@@ -45,6 +45,7 @@ enum Origin {
     GraphReleased,
     User,
     Backward,
+    Optimizer,
 }
 
 #[derive(Default)]
@@ -248,6 +249,14 @@ impl Detector for ReferenceLeak {
                     Attr::Site(s) if !info.optimizer && !info.forward && !info.construction && !info.recompute => {
                         Key::Line(Some(s), Origin::User)
                     }
+                    // Optimizer state is made lazily, the first time a step meets a parameter
+                    // with a gradient: once for a fixed set of parameters (one iteration, or a
+                    // few when layers are unfrozen later), and in every iteration only when the
+                    // optimizer is handed new parameters every iteration and keeps them
+                    // (`add_param_group` in the loop). Its scratch is freed within the step.
+                    Attr::Site(s) if info.optimizer && !info.forward && !info.construction && !info.recompute => {
+                        Key::Line(Some(s), Origin::Optimizer)
+                    }
                     Attr::NoFrames => Key::Unattributed,
                     _ => return groups,
                 };
@@ -291,6 +300,7 @@ impl Detector for ReferenceLeak {
                         Origin::GraphReleased => LeakOrigin::ReleasedGraphForward,
                         Origin::User => LeakOrigin::UserCode,
                         Origin::Backward => LeakOrigin::Backward,
+                        Origin::Optimizer => LeakOrigin::OptimizerState,
                     },
                 ),
                 Key::Unattributed => (None, LeakOrigin::Unattributed),

@@ -79,6 +79,41 @@ fn reference_leak_forward_hook_clone_named_at_the_hook() {
     assert_eq!(s.bytes, copies, "{}", describe(&a));
 }
 
+/// A parameter made and handed to the optimizer (`add_param_group`) every step (t06): the step
+/// at line 19 makes Adam state (two moments) for a parameter it has not seen, every iteration,
+/// and keeps it. Optimizer state made once (every other test here) is not growth.
+#[test]
+fn reference_leak_optimizer_state_made_every_step() {
+    let mut p = Program::new(2);
+    let adam = common::program::ADAM;
+    let init = |line: u32| {
+        chain(&[
+            &[(adam, line, "_init_group"), (adam, 238, "step")],
+            &[(common::program::OPTIMIZER, 81, "_use_grad"), (common::program::OPTIMIZER, 533, "wrapper"), top(19)],
+        ])
+    };
+    let size = 2 * MIB;
+    for _ in 0..6 {
+        let x = p.batch(&[top(15)]);
+        let pass = p.forward(&[top(16)], Grad::Enabled, false);
+        let loss = p.loss(&[top(17)]);
+        p.backward(&[top(18)], &[&pass], false);
+        p.step(&[top(19)]);
+        for line in [178, 182] {
+            p.t.alloc(size, &init(line));
+        }
+        p.zero_grad(&[top(20)], ZeroGrad::SetToNone);
+        p.t.free(x, &[top(23)]);
+        p.t.free(pass.logits, &[top(23)]);
+        p.t.free(loss, &[top(23)]);
+    }
+    let a = analyze_snapshot(&p.t.finish());
+    let s = the_one(&a, SuspectKind::ReferenceLeak);
+    assert_site(&s, TRAIN, 19, &a);
+    assert_eq!(s.growth_bytes_per_iteration, Some(2 * size), "{}", describe(&a));
+    assert!(matches!(s.facts, Evidence::ReferenceLeak { origin: memsnap_analysis::LeakOrigin::OptimizerState, .. }), "{}", describe(&a));
+}
+
 /// Near miss: `last = logits.detach().clone()`: the previous copy dies when it is replaced.
 #[test]
 fn reference_leak_near_miss_user_line_tensor_replaced_next_step() {
