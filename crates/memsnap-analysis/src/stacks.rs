@@ -190,9 +190,8 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], frames: &[FrameId]) -> StackInfo {
             kinds[f.0 as usize] != FrameKind::Native
                 && !snap.str(snap.frame(f).filename).ends_with("torch/nn/modules/module.py")
         });
-        s.in_module_hook = called.is_some_and(|f| {
-            kinds[f.0 as usize] == FrameKind::User && snap.str(snap.frame(f).name) != "forward"
-        });
+        s.in_module_hook =
+            called.is_some_and(|f| kinds[f.0 as usize] == FrameKind::User && snap.str(snap.frame(f).name) != "forward");
     }
     s
 }

@@ -111,7 +111,11 @@ fn reference_leak_optimizer_state_made_every_step() {
     let s = the_one(&a, SuspectKind::ReferenceLeak);
     assert_site(&s, TRAIN, 19, &a);
     assert_eq!(s.growth_bytes_per_iteration, Some(2 * size), "{}", describe(&a));
-    assert!(matches!(s.facts, Evidence::ReferenceLeak { origin: memsnap_analysis::LeakOrigin::OptimizerState, .. }), "{}", describe(&a));
+    assert!(
+        matches!(s.facts, Evidence::ReferenceLeak { origin: memsnap_analysis::LeakOrigin::OptimizerState, .. }),
+        "{}",
+        describe(&a)
+    );
 }
 
 /// Near miss: `last = logits.detach().clone()`: the previous copy dies when it is replaced.
