@@ -204,9 +204,13 @@ impl Detector for ReferenceLeak {
                         } else {
                             info.module_call.or(info.site)
                         };
+                        // A trained unit's blocks count in its pass's iteration: iterations start
+                        // at their first forward pass, so what the loop makes for the pass before
+                        // calling the model (the batch, a mask) would otherwise fall in the
+                        // previous iteration, or in none for the first one.
                         let (occ, pass) = match origin {
                             Origin::NoGrad | Origin::GraphReleased => (u, true),
-                            _ => match cx.iteration_of(b) {
+                            _ => match cx.phases.iteration_of(cx.phases.forwards[unit.pass].span.start) {
                                 Some(it) => (it, false),
                                 None => continue,
                             },
