@@ -140,6 +140,9 @@ pub enum LeakOrigin {
     Backward,
     /// No stacks recorded: growth measured, origin unknown.
     Unattributed,
+    /// Optimizer state (moments, momentum buffers) made in every iteration and kept: the
+    /// optimizer is handed new parameters each iteration and keeps their state.
+    OptimizerState,
     /// One tensor re-made larger from its previous version every iteration and kept
     /// (`x = torch.cat([x, new])`): each allocation frees the one before, the live size grows.
     Regrown,

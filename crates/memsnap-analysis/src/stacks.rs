@@ -17,6 +17,13 @@ pub struct StackInfo {
     /// The user frame that called the innermost `nn.Module` (the line inside a model's
     /// `forward` that produced the tensor).
     pub module_call: Option<FrameId>,
+    /// The user code inside the innermost `nn.Module` call is not the module's `forward` but a
+    /// hook the module machinery ran (`register_forward_hook`, a forward pre-hook), or code such
+    /// a hook called: `Module.__call__` runs hooks and `forward` from the same frames
+    /// (`_call_impl` / its `inner`), so the called user function is told by its name, which is
+    /// `forward` for the module itself. What such code allocates (`out.clone()` in a debug hook)
+    /// is the hook's, not the model's, so its line is the user's own (`site`), not `module_call`.
+    pub in_module_hook: bool,
     /// The stack launches a backward pass (`torch.autograd.backward` / `_make_grads`); `site`
     /// is then the `.backward()` line.
     pub backward_launch: bool,
@@ -177,6 +184,14 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], frames: &[FrameId]) -> StackInfo {
     }
     if let Some(i) = innermost_module {
         s.module_call = caller_user(i);
+        // The Python function the module machinery called: the first frame inside the
+        // innermost module call that is neither native nor `torch/nn/modules/module.py` itself.
+        let called = frames[..i].iter().rev().copied().find(|&f| {
+            kinds[f.0 as usize] != FrameKind::Native
+                && !snap.str(snap.frame(f).filename).ends_with("torch/nn/modules/module.py")
+        });
+        s.in_module_hook =
+            called.is_some_and(|f| kinds[f.0 as usize] == FrameKind::User && snap.str(snap.frame(f).name) != "forward");
     }
     s
 }

@@ -45,6 +45,7 @@ enum Origin {
     GraphReleased,
     User,
     Backward,
+    Optimizer,
 }
 
 #[derive(Default)]
@@ -196,16 +197,20 @@ impl Detector for ReferenceLeak {
                                     && l.innermost_python == info.innermost_python
                                     && l.module_call == info.module_call
                             });
-                        let line = if !ub.in_pass {
+                        let line = if !ub.in_pass || info.in_module_hook {
                             info.site
                         } else if output {
                             unit.call_site.or(info.site)
                         } else {
                             info.module_call.or(info.site)
                         };
+                        // A trained unit's blocks count in its pass's iteration: iterations start
+                        // at their first forward pass, so what the loop makes for the pass before
+                        // calling the model (the batch, a mask) would otherwise fall in the
+                        // previous iteration, or in none for the first one.
                         let (occ, pass) = match origin {
                             Origin::NoGrad | Origin::GraphReleased => (u, true),
-                            _ => match cx.iteration_of(b) {
+                            _ => match cx.phases.iteration_of(cx.phases.forwards[unit.pass].span.start) {
                                 Some(it) => (it, false),
                                 None => continue,
                             },
@@ -214,6 +219,10 @@ impl Detector for ReferenceLeak {
                         if kept && origin == Origin::Trained && held[ub.block].is_some() {
                             continue;
                         }
+                        // A training unit also holds what the user's code made for the pass
+                        // outside the module calls (the batch, a mask): not forward outputs. The
+                        // occurrence is the iteration either way, as for user code elsewhere.
+                        let origin = if origin == Origin::Trained && !ub.in_pass { Origin::User } else { origin };
                         groups.add(Key::Line(line, origin), ub.block, b.size, occ, kept, pass, stack);
                         if origin == Origin::NoGrad {
                             per_call.add(Key::Line(line, origin), ub.block, b.size, calls[u], kept, false, stack);
@@ -243,6 +252,14 @@ impl Detector for ReferenceLeak {
                     Attr::Backward(line) if !gradient_lines.contains(&line) => Key::Line(line, Origin::Backward),
                     Attr::Site(s) if !info.optimizer && !info.forward && !info.construction && !info.recompute => {
                         Key::Line(Some(s), Origin::User)
+                    }
+                    // Optimizer state is made lazily, the first time a step meets a parameter
+                    // with a gradient: once for a fixed set of parameters (one iteration, or a
+                    // few when layers are unfrozen later), and in every iteration only when the
+                    // optimizer is handed new parameters every iteration and keeps them
+                    // (`add_param_group` in the loop). Its scratch is freed within the step.
+                    Attr::Site(s) if info.optimizer && !info.forward && !info.construction && !info.recompute => {
+                        Key::Line(Some(s), Origin::Optimizer)
                     }
                     Attr::NoFrames => Key::Unattributed,
                     _ => return groups,
@@ -287,6 +304,7 @@ impl Detector for ReferenceLeak {
                         Origin::GraphReleased => LeakOrigin::ReleasedGraphForward,
                         Origin::User => LeakOrigin::UserCode,
                         Origin::Backward => LeakOrigin::Backward,
+                        Origin::Optimizer => LeakOrigin::OptimizerState,
                     },
                 ),
                 Key::Unattributed => (None, LeakOrigin::Unattributed),

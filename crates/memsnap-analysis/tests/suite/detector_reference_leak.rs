@@ -42,10 +42,80 @@ fn reference_leak_user_line_tensor_kept_each_step() {
     let s = the_one(&a, SuspectKind::ReferenceLeak);
     assert_site(&s, TRAIN, 22, &a);
     assert_eq!(s.growth_bytes_per_iteration, Some(steps.logits_bytes), "{}", describe(&a));
-    assert_eq!(s.bytes, 5 * steps.logits_bytes, "{}", describe(&a));
+    // All six steps' copies are kept, and all are user code at line 22 (outside the model
+    // calls), whether or not a step's training unit holds them.
+    assert_eq!(s.bytes, 6 * steps.logits_bytes, "{}", describe(&a));
     for k in [SuspectKind::RetainedGraph, SuspectKind::NoGradMissing, SuspectKind::UnreleasedGradient] {
         assert_none_of(&a, k);
     }
+}
+
+/// A forward hook on `fc2` that stores `out.clone()` (t09): the copy is made by the hook's own
+/// line, which the module machinery ran; that line, not the model's, is the site.
+#[test]
+fn reference_leak_forward_hook_clone_named_at_the_hook() {
+    let mut p = Program::new(2);
+    let hook = chain(&[
+        &[HOOK, (common::program::MODULE, 1846, "inner"), CALL, WRAP, (MODEL, 24, "forward"), CALL, WRAP],
+        &[(MODEL, 42, "forward"), CALL, WRAP, top(16)],
+    ]);
+    let mut copies = 0;
+    for _ in 0..6 {
+        let x = p.batch(&[top(15)]);
+        let pass = p.forward(&[top(16)], Grad::Enabled, false);
+        p.t.alloc(p.act, &hook);
+        copies += p.act;
+        let loss = p.loss(&[top(17)]);
+        p.backward(&[top(18)], &[&pass], false);
+        p.step(&[top(19)]);
+        p.zero_grad(&[top(20)], ZeroGrad::SetToNone);
+        p.t.free(x, &[top(23)]);
+        p.t.free(pass.logits, &[top(23)]);
+        p.t.free(loss, &[top(23)]);
+    }
+    let a = analyze_snapshot(&p.t.finish());
+    let s = the_one(&a, SuspectKind::ReferenceLeak);
+    assert_site(&s, TRAIN, 12, &a);
+    assert_eq!(s.bytes, copies, "{}", describe(&a));
+}
+
+/// A parameter made and handed to the optimizer (`add_param_group`) every step (t06): the step
+/// at line 19 makes Adam state (two moments) for a parameter it has not seen, every iteration,
+/// and keeps it. Optimizer state made once (every other test here) is not growth.
+#[test]
+fn reference_leak_optimizer_state_made_every_step() {
+    let mut p = Program::new(2);
+    let adam = common::program::ADAM;
+    let init = |line: u32| {
+        chain(&[
+            &[(adam, line, "_init_group"), (adam, 238, "step")],
+            &[(common::program::OPTIMIZER, 81, "_use_grad"), (common::program::OPTIMIZER, 533, "wrapper"), top(19)],
+        ])
+    };
+    let size = 2 * MIB;
+    for _ in 0..6 {
+        let x = p.batch(&[top(15)]);
+        let pass = p.forward(&[top(16)], Grad::Enabled, false);
+        let loss = p.loss(&[top(17)]);
+        p.backward(&[top(18)], &[&pass], false);
+        p.step(&[top(19)]);
+        for line in [178, 182] {
+            p.t.alloc(size, &init(line));
+        }
+        p.zero_grad(&[top(20)], ZeroGrad::SetToNone);
+        p.t.free(x, &[top(23)]);
+        p.t.free(pass.logits, &[top(23)]);
+        p.t.free(loss, &[top(23)]);
+    }
+    let a = analyze_snapshot(&p.t.finish());
+    let s = the_one(&a, SuspectKind::ReferenceLeak);
+    assert_site(&s, TRAIN, 19, &a);
+    assert_eq!(s.growth_bytes_per_iteration, Some(2 * size), "{}", describe(&a));
+    assert!(
+        matches!(s.facts, Evidence::ReferenceLeak { origin: memsnap_analysis::LeakOrigin::OptimizerState, .. }),
+        "{}",
+        describe(&a)
+    );
 }
 
 /// Near miss: `last = logits.detach().clone()`: the previous copy dies when it is replaced.
