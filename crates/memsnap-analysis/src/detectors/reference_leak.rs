@@ -269,6 +269,18 @@ impl Detector for ReferenceLeak {
             })
             .reduce(Groups::default, Groups::then);
         let mut groups: BTreeMap<Key, Group> = in_passes.then(outside).finish().into_iter().collect();
+        // Optimizer state grows only when the optimizer is handed new parameters iteration after
+        // iteration. A step makes state for every parameter it has not seen with a gradient, so
+        // a bounded set also makes state in a few scattered iterations (layers unfrozen one group
+        // per epoch, a head first trained late), and an optimizer without scratch (SGD) allocates
+        // nothing in the others: its own iterations would all count as kept. So its share is
+        // taken over every iteration from the first it made state in to the end of the trace.
+        let iterations = cx.phases.iteration_count();
+        for (key, g) in groups.iter_mut() {
+            if let (Key::Line(_, Origin::Optimizer), Some(&first)) = (key, g.kept.first()) {
+                g.eligible = (first..iterations.max(first + 1)).collect();
+            }
+        }
 
         // Per-call counts replace per-pass counts where only they show repetition.
         let mut call_keys: BTreeSet<Key> = BTreeSet::new();

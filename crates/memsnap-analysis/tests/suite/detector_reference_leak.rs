@@ -118,6 +118,36 @@ fn reference_leak_optimizer_state_made_every_step() {
     );
 }
 
+/// Near miss: SGD with momentum while layers are unfrozen one group at a time (gradual
+/// unfreezing): the step makes a momentum buffer for each newly trained group and keeps it, in
+/// iterations 0, 4 and 8 of 12, and allocates nothing in the others (SGD's update is in place).
+/// State made in a quarter of the iterations is a bounded set of parameters meeting the
+/// optimizer, not one handed new parameters every iteration.
+#[test]
+fn reference_leak_near_miss_optimizer_state_for_unfrozen_layers() {
+    const SGD: &str = "/usr/lib/python3.11/site-packages/torch/optim/sgd.py";
+    let mut p = Program::new(2);
+    let momentum = chain(&[
+        &[(SGD, 400, "_multi_tensor_sgd"), (SGD, 310, "sgd"), (SGD, 130, "step")],
+        &[(common::program::OPTIMIZER, 81, "_use_grad"), (common::program::OPTIMIZER, 533, "wrapper"), top(19)],
+    ]);
+    for it in 0..12 {
+        let x = p.batch(&[top(15)]);
+        let pass = p.forward(&[top(16)], Grad::Enabled, false);
+        let loss = p.loss(&[top(17)]);
+        p.backward(&[top(18)], &[&pass], false);
+        if it % 4 == 0 {
+            p.t.alloc(2 * MIB, &momentum);
+        }
+        p.zero_grad(&[top(20)], ZeroGrad::SetToNone);
+        p.t.free(x, &[top(23)]);
+        p.t.free(pass.logits, &[top(23)]);
+        p.t.free(loss, &[top(23)]);
+    }
+    let a = analyze_snapshot(&p.t.finish());
+    assert_none_of(&a, SuspectKind::ReferenceLeak);
+}
+
 /// Near miss: `last = logits.detach().clone()`: the previous copy dies when it is replaced.
 #[test]
 fn reference_leak_near_miss_user_line_tensor_replaced_next_step() {
