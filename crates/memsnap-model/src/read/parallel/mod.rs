@@ -154,8 +154,8 @@ pub(super) fn fast_forward(b: &mut Builder, ahead: Ahead<'_, '_>) -> Result<Opti
         }
     }
     // Phase 4, parallel: the events (or their tallies), each chunk's written straight into its
-    // place in the events, so that no thread copies them after (the copy, and the first touch
-    // of those pages, were this window's longest step on one core).
+    // place in the events (every slot is overwritten), so that they are not copied after: that
+    // copy, and the first touch of its pages, ran on the VM's thread alone.
     let mut outs = std::mem::take(&mut b.converted_pool);
     outs.resize_with(merged_maps.len().max(outs.len()), Default::default);
     let mut events = std::mem::take(&mut b.events);
