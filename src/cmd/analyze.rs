@@ -109,6 +109,40 @@ fn moment_json(m: &Moment, top: usize, reserved_known: bool) -> Value {
     })
 }
 
+/// What the allocator's cache holds at the dump and how reserved memory grew (`docs/json.md`).
+fn cache_json(c: &memsnap_analysis::AllocatorCache) -> Value {
+    json!({
+        "reserved_bytes": c.reserved,
+        "allocated_bytes": c.allocated,
+        "cached_free_bytes": c.cached_free,
+        "free_segments": c.free_segments,
+        "free_segment_bytes": c.free_segment_bytes,
+        "hole_bytes": c.hole_bytes,
+        "expandable_free_bytes": c.expandable_free_bytes,
+        "private_pool_free_bytes": c.private_free_bytes,
+        "pending_free_bytes": c.pending_free_bytes,
+        "empty_cache_returns_bytes": c.empty_cache_returns(),
+        "growth": c.growth.as_ref().map(|g| json!({
+            "peak_reserved_bytes": g.peak_reserved,
+            "peak_allocated_bytes": g.peak_allocated,
+            "allocated_at_peak_reserved_bytes": g.allocated_at_peak_reserved,
+            "segments_made": g.made,
+            "segment_bytes_made": g.made_bytes,
+            "segments_made_while_cached": g.made_while_cached,
+            "segment_bytes_made_while_cached": g.made_while_cached_bytes,
+            "largest_made_while_cached": g.largest_while_cached.map(|l| json!({
+                "event_index": l.event_index,
+                "bytes": l.size,
+                "cached_free_before_bytes": l.cached_free_before,
+            })),
+            "reserved_excess": g.excess,
+            "segments_released": g.released,
+            "segment_bytes_released": g.released_bytes,
+        })),
+        "text": memsnap_analysis::cache_words(c),
+    })
+}
+
 /// The analysis as JSON; each device's object is built as it is written.
 fn write_analysis_json(out: &mut dyn std::io::Write, a: &Analyzed) -> std::io::Result<()> {
     let snap = &a.loaded.snapshot;
@@ -158,6 +192,7 @@ fn write_analysis_json(out: &mut dyn std::io::Write, a: &Analyzed) -> std::io::R
                 },
                 "peak": moment_json(&da.peak, memsnap_analysis::TOP_SITES, reserved_known),
                 "end": moment_json(&da.end, memsnap_analysis::TOP_SITES, reserved_known),
+                "cache": da.cache.as_ref().map(cache_json),
                 "suspects": da.suspects.iter().map(suspect_json).collect::<Vec<_>>(),
                 "caveats": da.caveats,
             })
@@ -338,6 +373,12 @@ fn analysis_text(a: &Analyzed, top: usize, by: By) -> String {
                 if !labels.is_empty() {
                     let _ = writeln!(s, "{}", wrap(&format!("  By {name} {title}: "), &labels_line(labels), 4, width));
                 }
+            }
+        }
+        if let Some(c) = &da.cache {
+            let _ = writeln!(s, "\n  Allocator cache:");
+            for line in memsnap_analysis::cache_words(c) {
+                let _ = writeln!(s, "{}", wrap("    - ", &printable(&line), 6, width));
             }
         }
         if !da.caveats.is_empty() {

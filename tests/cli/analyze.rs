@@ -69,6 +69,9 @@ fn check_peaks(path: &Path, out: &Value, truth: &Value, failures: &mut Vec<Strin
     // the live process's counters are not its numbers, and its reserved bytes are unknown.
     if truth["producer"] == "profiler_converted" {
         for d in devices {
+            if !d["cache"].is_null() {
+                failures.push(format!("{}: a profiler-converted file has no allocator cache: {d}", path.display()));
+            }
             if !d["peak_reserved_bytes"].is_null()
                 || !d["reserved_bytes"].is_null()
                 || d["peak_allocated_bytes"].is_null()
@@ -98,6 +101,7 @@ fn check_peaks(path: &Path, out: &Value, truth: &Value, failures: &mut Vec<Strin
                 failures.push(format!("{} device {dev}: {k} {got:?}, truth {tk} {want:?}", path.display()));
             }
         }
+        check_cache(path, dev, &d["cache"], t, failures);
         if d["replay_matches_snapshot"] != Value::Bool(true) {
             failures.push(format!(
                 "{} device {dev}: replay_matches_snapshot {} ({} mismatches)",
@@ -106,6 +110,31 @@ fn check_peaks(path: &Path, out: &Value, truth: &Value, failures: &mut Vec<Strin
                 d["replay_mismatches"]
             ));
         }
+    }
+}
+
+/// The allocator-cache section against the live process: its reserved and allocated bytes are
+/// `memory_reserved()` and `memory_allocated()` at the dump, its parts add up to the cached free
+/// bytes, and where the generator called `torch.cuda.empty_cache()` right after the dump
+/// (`truth.cache`), the bytes it says that call returns are the bytes it returned.
+fn check_cache(path: &Path, dev: u64, cache: &Value, t: &Value, failures: &mut Vec<String>) {
+    let n = |k: &str| cache[k].as_u64().unwrap_or_else(|| panic!("{}: cache.{k} in {cache}", path.display()));
+    let (reserved, allocated) = (n("reserved_bytes"), n("allocated_bytes"));
+    if Some(reserved) != t["reserved"].as_u64() || Some(allocated) != t["allocated"].as_u64() {
+        failures.push(format!(
+            "{} device {dev}: cache reserved {reserved} allocated {allocated}, truth {} {}",
+            path.display(),
+            t["reserved"],
+            t["allocated"]
+        ));
+    }
+    let parts: u64 =
+        ["free_segment_bytes", "hole_bytes", "expandable_free_bytes", "private_pool_free_bytes", "pending_free_bytes"]
+            .iter()
+            .map(|k| n(k))
+            .sum();
+    if parts != n("cached_free_bytes") || n("cached_free_bytes") != reserved - allocated {
+        failures.push(format!("{} device {dev}: cache parts {parts} do not add up: {cache}", path.display()));
     }
 }
 

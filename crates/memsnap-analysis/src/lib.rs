@@ -10,6 +10,7 @@
 //! it cannot know becomes a caveat.
 
 mod attribution;
+mod cache;
 mod detectors;
 mod evidence;
 mod graph;
@@ -28,6 +29,7 @@ use memsnap_replay::{DeviceReplay, Replay};
 use rayon::prelude::*;
 
 pub use attribution::{alloc_phase, attr_label, attribute, categorize, AllocPhase, Attr, Category};
+pub use cache::{allocator_cache, AllocatorCache, ReservedGrowth, SegmentMade};
 pub use detectors::{Context, Detector, Finding, REGISTRY};
 pub use evidence::{
     rank, Evidence, GradientHold, GraphHold, Holder, IterationsBy, LeakOrigin, Occurrence, OomCause, Severity, Suspect,
@@ -37,6 +39,7 @@ pub use graph::{frame_label, LiveBlock, MemoryGraph, Node, AUTOGRAD, NO_FRAMES, 
 pub use labels::{label_of, label_runs, label_spans, Annotations, LabelKind, LabelRun, LabelSpan, LabelTally};
 pub use lifecycle::{lifecycle, BlockFate, Lifecycle, Unit, UnitBlock, UnitFate};
 pub use phases::{find_phases, Backward, ForwardPass, IterationSource, Phases, Span};
+pub use render::cache_words;
 pub use site::{short_path, Site};
 pub use stacks::{StackInfo, StackTable};
 pub use thresholds::Thresholds;
@@ -108,6 +111,10 @@ pub struct DeviceAnalysis {
     /// Live blocks at the peak, attributed (for flamegraphs and the report).
     pub peak_blocks: Vec<LiveBlock>,
     pub end_blocks: Vec<LiveBlock>,
+    /// What the caching allocator holds beyond the live blocks at the dump, and how reserved
+    /// memory grew; `None` for a profiler-converted file (its segments are address ranges, not
+    /// cached memory).
+    pub cache: Option<AllocatorCache>,
 }
 
 pub struct Analysis {
@@ -467,6 +474,9 @@ fn analyze_device(
         optimizer_steps: phases.optimizer_steps.len(),
         labels,
     };
+    let cache = (!snap.profiler_converted()).then(|| {
+        cache::allocator_cache(snap.segments.iter().filter(|s| s.device == d.device), d, peak_known, thresholds)
+    });
     DeviceAnalysis {
         device: d.device,
         peak_known,
@@ -478,5 +488,6 @@ fn analyze_device(
         caveats,
         peak_blocks,
         end_blocks,
+        cache,
     }
 }

@@ -2,6 +2,7 @@
 
 use memsnap_model::{agree, format_bytes, plural};
 
+use crate::cache::AllocatorCache;
 use crate::evidence::{Evidence, GradientHold, GraphHold, LeakOrigin, Occurrence, OomCause, Severity, Suspect};
 use crate::site::Site;
 
@@ -263,6 +264,116 @@ pub fn advice(s: &Suspect) -> String {
         Evidence::Oom { cause: OomCause::Fragmented, .. } => "Set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` to avoid fragmentation, or free the largest holders listed in the evidence before this allocation.".into(),
         Evidence::Oom { .. } => "Reduce what is live at this point: the largest holders are listed in the evidence (free them or move them to CPU first); otherwise reduce the batch size or sequence length, use activation checkpointing or mixed precision, or raise the process memory limit.".into(),
     }
+}
+
+/// What the allocator's cache holds at the dump and how reserved memory grew, as sentences (see
+/// [`crate::cache`] for the mechanism each one rests on).
+pub fn cache_words(c: &AllocatorCache) -> Vec<String> {
+    let mut out = Vec::new();
+    if c.cached_free == 0 {
+        out.push(format!(
+            "At the dump all {} reserved is allocated: the allocator caches nothing.",
+            format_bytes(c.reserved, 2)
+        ));
+    } else {
+        let mut parts = Vec::new();
+        if c.free_segment_bytes > 0 {
+            parts.push(format!(
+                "{} in {} that hold no block (what `torch.cuda.empty_cache()` returns to the driver)",
+                format_bytes(c.free_segment_bytes, 2),
+                plural(c.free_segments, "segment", "segments")
+            ));
+        }
+        if c.hole_bytes > 0 {
+            parts.push(format!(
+                "{} in holes of segments that hold live blocks (reused by requests that fit; no call returns them)",
+                format_bytes(c.hole_bytes, 2)
+            ));
+        }
+        if c.expandable_free_bytes > 0 {
+            parts.push(format!(
+                "{} free in expandable segments (`empty_cache()` unmaps the whole pages among them)",
+                format_bytes(c.expandable_free_bytes, 2)
+            ));
+        }
+        if c.private_free_bytes > 0 {
+            parts.push(format!(
+                "{} free in private pools (CUDA graphs, `MemPool`: kept while the pool lives)",
+                format_bytes(c.private_free_bytes, 2)
+            ));
+        }
+        if c.pending_free_bytes > 0 {
+            parts.push(format!(
+                "{} freed but still in use by a stream (cached once its work completes)",
+                format_bytes(c.pending_free_bytes, 2)
+            ));
+        }
+        out.push(format!(
+            "At the dump {} is reserved and {} allocated: {} is the allocator's cache of freed blocks, kept for reuse (`nvidia-smi` and `memory_reserved()` count it, `memory_allocated()` does not), not live tensors: {}.",
+            format_bytes(c.reserved, 2),
+            format_bytes(c.allocated, 2),
+            format_bytes(c.cached_free, 2),
+            parts.join("; ")
+        ));
+    }
+    let Some(g) = &c.growth else { return out };
+    let mut s = format!(
+        "Reserved peaked at {} ({} allocated at that moment; allocated peaked at {}).",
+        format_bytes(g.peak_reserved, 2),
+        format_bytes(g.allocated_at_peak_reserved, 2),
+        format_bytes(g.peak_allocated, 2)
+    );
+    if g.made > 0 {
+        s.push_str(&format!(
+            " During the trace {} {} made ({})",
+            plural(g.made, "segment", "segments"),
+            match (c.expandable, g.made == 1) {
+                (true, _) => "or mapped ranges of expandable segments were",
+                (false, true) => "was",
+                (false, false) => "were",
+            },
+            format_bytes(g.made_bytes, 2)
+        ));
+        if g.made_while_cached > 0 {
+            s.push_str(&format!(
+                ", {} ({}) while at least {} own size sat cached free in {} pool (small or large): the cache had the bytes in blocks that could not take the request, too small or split up (tensor shapes that change between steps, long-lived tensors carved out between short-lived ones) or on another stream",
+                if g.made_while_cached == g.made { "all of them".to_string() } else { format!("{} of them", g.made_while_cached) },
+                format_bytes(g.made_while_cached_bytes, 2),
+                if g.made_while_cached == 1 { "its" } else { "their" },
+                if g.made_while_cached == 1 { "its" } else { "their" }
+            ));
+            if let Some(l) = g.largest_while_cached {
+                s.push_str(&format!(
+                    " ({}{} at event {}, with {} cached free in its pool)",
+                    if g.made_while_cached > 1 { "the largest, " } else { "" },
+                    format_bytes(l.size, 2),
+                    l.event_index,
+                    format_bytes(l.cached_free_before, 2)
+                ));
+            }
+        }
+        s.push('.');
+    } else {
+        s.push_str(" No segment was made during the trace.");
+    }
+    if g.released > 0 {
+        s.push_str(&format!(
+            " {} ({}) {} released during the trace (`empty_cache()`, or the allocator freeing its cache to retry a failed `cudaMalloc`).",
+            plural(g.released, "segment", "segments"),
+            format_bytes(g.released_bytes, 2),
+            if g.released == 1 { "was" } else { "were" }
+        ));
+    }
+    out.push(s);
+    if g.excess {
+        out.push(format!(
+            "Reserved memory peaked {} ({:.0}%) above the most ever allocated at once. Where that matters (an OOM, a GPU shared with other processes): {}padding or bucketing shapes keeps cached blocks reusable; `torch.cuda.empty_cache()` between phases returns segments that hold no block, but does not lower the peak.",
+            format_bytes(g.peak_reserved.saturating_sub(g.peak_allocated), 2),
+            100.0 * g.peak_reserved.saturating_sub(g.peak_allocated) as f64 / g.peak_reserved.max(1) as f64,
+            if c.expandable { "" } else { "`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` lets a segment grow in place instead of adding new ones; " }
+        ));
+    }
+    out
 }
 
 #[cfg(test)]

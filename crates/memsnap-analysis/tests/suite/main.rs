@@ -1,6 +1,7 @@
 //! The integration tests of `memsnap-analysis` in one test binary: detectors, thresholds and the analysis over real fixtures.
 mod common;
 
+mod allocator_cache;
 mod detector_fragmentation;
 mod detector_no_grad_missing;
 mod detector_oom;

@@ -70,6 +70,18 @@ fn holes() -> Snapshot {
     t.finish()
 }
 
+/// Two 40 MiB tensors freed, then a 60 MiB one that neither cached block can take: reserved
+/// peaks 43% above the allocated peak.
+fn cache_does_not_fit() -> Snapshot {
+    let mut t = TraceBuilder::new();
+    let a = t.alloc(40 * MIB, &[top(10)]);
+    let b = t.alloc(40 * MIB, &[top(10)]);
+    t.free(a, &[top(11)]);
+    t.free(b, &[top(11)]);
+    t.alloc(60 * MIB, &[top(12)]);
+    t.finish()
+}
+
 /// (threshold, program, the thresholds it is judged with, the mutation, the verdict).
 /// An inference service recorded with `enabled="state"`: ten model outputs from one request
 /// line are alive at the dump, and the trace is empty.
@@ -192,6 +204,13 @@ const CASES: &[Case] = &[
         default,
         |t| t.fragmentation_max_allocated_share = 0.1,
         |a| has(a, SuspectKind::Fragmentation, Severity::Waste),
+    ),
+    (
+        "reserved_excess_share",
+        cache_does_not_fit,
+        default,
+        |t| t.reserved_excess_share = 0.5,
+        |a| a.devices[0].cache.as_ref().and_then(|c| c.growth.as_ref()).is_some_and(|g| g.excess),
     ),
     (
         "state_min_same_site_blocks",

@@ -1,0 +1,277 @@
+//! What the caching allocator holds beyond the live tensors, and why reserved memory grew.
+//!
+//! Mechanism. PyTorch's caching allocator never gives freed memory back to the driver on its
+//! own: a freed block stays in its segment, cached for the next request that fits it. So
+//! `memory_reserved()` (what `nvidia-smi` shows, less the CUDA context) stays at its high-water
+//! mark while `memory_allocated()` falls, and the difference is not a leak. What
+//! `torch.cuda.empty_cache()` returns is only the segments of the default pools that hold no
+//! block at all (`release_blocks` frees a block only when it has no split neighbour), plus the
+//! whole free pages of expandable segments; holes in segments that still hold a live block stay,
+//! and a private pool (CUDA graphs, `MemPool`) keeps its memory while the pool lives.
+//!
+//! A segment is made (`cudaMalloc`, or `segment_map` for an expandable segment) only when no
+//! cached block of the request's pool (small or large) and stream can take it. A segment made
+//! while at least its own size sat cached free therefore says the cache had the bytes but in the
+//! wrong blocks: too small or split up (tensor shapes that change from step to step, long-lived
+//! tensors carved out between short-lived ones), or in the other size pool or on another stream.
+//! That is how reserved memory ends up above the peak of allocated memory.
+//!
+//! Read from the dump's segment table (exact) and, for the growth, from the replay's segments
+//! and series (exact when the replay matches the dump).
+
+use memsnap_model::{BlockState, Segment, SegmentType};
+use memsnap_replay::{DeviceReplay, SegmentLifetime, SMALL_SIZE};
+use rayon::prelude::*;
+
+use crate::Thresholds;
+
+/// The cache of one device at the dump, and how reserved memory grew during the trace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AllocatorCache {
+    /// `memory_reserved()` at the dump: every segment.
+    pub reserved: u64,
+    /// `memory_allocated()` at the dump.
+    pub allocated: u64,
+    /// `reserved − allocated`: the parts below add up to it.
+    pub cached_free: u64,
+    /// Default-pool segments that hold no block at all, and their bytes: what `empty_cache()`
+    /// gives back to the driver.
+    pub free_segments: u64,
+    pub free_segment_bytes: u64,
+    /// Free blocks in default-pool segments that also hold a live block: reusable by requests
+    /// that fit, returned by nothing.
+    pub hole_bytes: u64,
+    /// Free blocks in expandable segments: `empty_cache()` unmaps the whole pages inside them
+    /// (how many depends on the page granularity, which the file does not record).
+    pub expandable_free_bytes: u64,
+    /// Free blocks in private pools: kept while their pool lives.
+    pub private_free_bytes: u64,
+    /// Blocks freed by the program but still in use by a stream (`free_requested`): they become
+    /// cached when the stream's work completes.
+    pub pending_free_bytes: u64,
+    /// Whether the device has expandable segments (`expandable_segments:True` is in use).
+    pub expandable: bool,
+    /// How reserved memory grew; `None` when the trace records no allocations.
+    pub growth: Option<ReservedGrowth>,
+}
+
+impl AllocatorCache {
+    /// Bytes `torch.cuda.empty_cache()` would return right after the dump; `None` when free
+    /// pages of expandable segments make it depend on their granularity.
+    pub fn empty_cache_returns(&self) -> Option<u64> {
+        (self.expandable_free_bytes == 0).then_some(self.free_segment_bytes)
+    }
+}
+
+/// Segments made and released during the trace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReservedGrowth {
+    /// Highest reserved and highest allocated bytes within the trace.
+    pub peak_reserved: u64,
+    pub peak_allocated: u64,
+    /// Allocated bytes at the moment reserved peaked.
+    pub allocated_at_peak_reserved: u64,
+    /// Default-pool segments (or mapped ranges) made during the trace, and their bytes.
+    pub made: u64,
+    pub made_bytes: u64,
+    /// Those made while at least their own size was cached free.
+    pub made_while_cached: u64,
+    pub made_while_cached_bytes: u64,
+    /// Whether the reserved peak exceeds the allocated peak by at least
+    /// [`Thresholds::reserved_excess_share`] of it: then the report advises on reserved memory.
+    ///
+    /// [`Thresholds::reserved_excess_share`]: crate::Thresholds
+    pub excess: bool,
+    /// The largest of those: its event, size and the cached free bytes just before it.
+    pub largest_while_cached: Option<SegmentMade>,
+    /// Segments (or mapped ranges) released during the trace (`empty_cache()`, or the allocator
+    /// freeing its cache to retry a failed `cudaMalloc`), and their bytes.
+    pub released: u64,
+    pub released_bytes: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegmentMade {
+    pub event_index: u32,
+    pub size: u64,
+    pub cached_free_before: u64,
+}
+
+/// The cache of `segments` (one device's dump-time segment table), with the growth read from
+/// its replay when the trace records allocations (`traced`).
+pub fn allocator_cache<'a>(
+    segments: impl IntoIterator<Item = &'a Segment>,
+    replay: &DeviceReplay,
+    traced: bool,
+    thresholds: &Thresholds,
+) -> AllocatorCache {
+    let mut c = AllocatorCache {
+        reserved: 0,
+        allocated: 0,
+        cached_free: 0,
+        free_segments: 0,
+        free_segment_bytes: 0,
+        hole_bytes: 0,
+        expandable_free_bytes: 0,
+        private_free_bytes: 0,
+        pending_free_bytes: 0,
+        expandable: false,
+        growth: traced.then(|| growth(replay, thresholds)),
+    };
+    for seg in segments {
+        c.reserved = c.reserved.saturating_add(seg.total_size);
+        c.expandable |= seg.is_expandable;
+        let free: u64 = seg.blocks.iter().filter(|b| b.state == BlockState::Inactive).map(|b| b.size).sum();
+        for b in &seg.blocks {
+            match b.state {
+                BlockState::Allocated => c.allocated = c.allocated.saturating_add(b.size),
+                BlockState::PendingFree => c.pending_free_bytes = c.pending_free_bytes.saturating_add(b.size),
+                BlockState::Inactive => {}
+            }
+        }
+        let holds_block = seg.blocks.iter().any(|b| b.state != BlockState::Inactive);
+        let bucket = if seg.is_private_pool() {
+            &mut c.private_free_bytes
+        } else if seg.is_expandable {
+            &mut c.expandable_free_bytes
+        } else if holds_block {
+            &mut c.hole_bytes
+        } else {
+            c.free_segments += 1;
+            &mut c.free_segment_bytes
+        };
+        *bucket = bucket.saturating_add(free);
+    }
+    c.cached_free = c.reserved.saturating_sub(c.allocated);
+    c
+}
+
+fn growth(d: &DeviceReplay, thresholds: &Thresholds) -> ReservedGrowth {
+    let (reserved, allocated) = (d.peaks.reserved.value, d.peaks.allocated.value);
+    let excess =
+        reserved > 0 && reserved.saturating_sub(allocated) as f64 >= thresholds.reserved_excess_share * reserved as f64;
+    let mut g = ReservedGrowth {
+        excess,
+        peak_reserved: d.peaks.reserved.value,
+        peak_allocated: d.peaks.allocated.value,
+        allocated_at_peak_reserved: d.series.after(d.peaks.reserved.event_index).allocated,
+        made: 0,
+        made_bytes: 0,
+        made_while_cached: 0,
+        made_while_cached_bytes: 0,
+        largest_while_cached: None,
+        released: 0,
+        released_bytes: 0,
+    };
+    let default_pool: Vec<&SegmentLifetime> = d.segments.iter().filter(|s| s.pool_id == (0, 0)).collect();
+    let cached = cached_before_each_made(d, &default_pool);
+    let mut made_i = 0;
+    for s in &default_pool {
+        if s.released_event.is_some() {
+            g.released += 1;
+            g.released_bytes = g.released_bytes.saturating_add(s.size);
+        }
+        let Some(made) = s.created_event else { continue };
+        g.made += 1;
+        g.made_bytes = g.made_bytes.saturating_add(s.size);
+        let cached = cached[made_i];
+        made_i += 1;
+        if cached >= s.size {
+            g.made_while_cached += 1;
+            g.made_while_cached_bytes = g.made_while_cached_bytes.saturating_add(s.size);
+            let this = SegmentMade { event_index: made, size: s.size, cached_free_before: cached };
+            // The largest; of equal ones the first made.
+            match g.largest_while_cached {
+                Some(l) if (l.size, std::cmp::Reverse(l.event_index)) >= (s.size, std::cmp::Reverse(made)) => {}
+                _ => g.largest_while_cached = Some(this),
+            }
+        }
+    }
+    g
+}
+
+/// Which of the allocator's two default pools memory belongs to: requests up to
+/// [`SMALL_SIZE`] are served from small segments, larger ones from large segments, and a request
+/// is only ever served from its own pool.
+fn small_pool(size: u64) -> bool {
+    size <= SMALL_SIZE
+}
+
+/// For each segment of `segments` made during the trace (in their order), the bytes cached free
+/// in its own pool (small or large) just before it was made: that pool's reserved bytes less
+/// the bytes of its blocks not yet returned (allocated, or freed but still in use by a stream).
+///
+/// Blocks are counted by their pool from their size; a block of a private pool (a CUDA graph's)
+/// counts against the default pool of its size, which can only lower the cached bytes found, so
+/// a segment is never said to be made beside cache it could not have used for that reason.
+/// Segments and blocks are live over event ranges, so each adds its bytes to the queries
+/// (the events just before each segment made) its range covers: a difference array over the
+/// sorted queries, one binary search per endpoint.
+fn cached_before_each_made(d: &DeviceReplay, segments: &[&SegmentLifetime]) -> Vec<u64> {
+    // The moment just before event `e` is "after event e - 1"; -1 is before the first event.
+    let at = |e: u32| e as i64 - 1;
+    let mut queries: Vec<i64> = segments.iter().filter_map(|s| s.created_event).map(at).collect();
+    if queries.is_empty() {
+        return Vec::new();
+    }
+    queries.sort_unstable();
+    queries.dedup();
+    let n = queries.len();
+    // Live after query x when born <= x < gone; `None` born means before the trace.
+    let span = |born: Option<u32>, gone: Option<u32>| {
+        let lo = born.map_or(0, |b| queries.partition_point(|&q| q < b as i64));
+        let hi = gone.map_or(n, |g| queries.partition_point(|&q| q < g as i64));
+        (lo, hi)
+    };
+    // [reserved small, reserved large, used small, used large] per query, as differences.
+    let add = |diff: &mut Vec<[u64; 4]>, k: usize, (lo, hi): (usize, usize), bytes: u64| {
+        if lo < hi {
+            diff[lo][k] = diff[lo][k].wrapping_add(bytes);
+            diff[hi][k] = diff[hi][k].wrapping_sub(bytes);
+        }
+    };
+    let mut diff = d
+        .blocks
+        .par_iter()
+        .fold(
+            || vec![[0u64; 4]; n + 1],
+            |mut diff, b| {
+                let k = if small_pool(b.size) { 2 } else { 3 };
+                add(&mut diff, k, span(b.alloc_event(), b.free_completed_event()), b.size);
+                diff
+            },
+        )
+        .reduce(
+            || vec![[0u64; 4]; n + 1],
+            |mut a, b| {
+                for (x, y) in a.iter_mut().zip(&b) {
+                    for k in 0..4 {
+                        x[k] = x[k].wrapping_add(y[k]);
+                    }
+                }
+                a
+            },
+        );
+    for s in segments {
+        let k = if s.segment_type == SegmentType::Small { 0 } else { 1 };
+        add(&mut diff, k, span(s.created_event, s.released_event), s.size);
+    }
+    let mut value = [0u64; 4];
+    let mut by_query = Vec::with_capacity(n);
+    for d in &diff[..n] {
+        for k in 0..4 {
+            value[k] = value[k].wrapping_add(d[k]);
+        }
+        by_query.push(value);
+    }
+    segments
+        .iter()
+        .filter_map(|s| {
+            let made = s.created_event?;
+            let q = queries.partition_point(|&q| q < at(made));
+            let v = by_query[q];
+            let small = s.segment_type == SegmentType::Small;
+            Some(if small { v[0].saturating_sub(v[2]) } else { v[1].saturating_sub(v[3]) })
+        })
+        .collect()
+}

@@ -1,0 +1,106 @@
+//! The allocator-cache section (src/cache.rs): what the cache holds at the dump, what
+//! `empty_cache()` would return, and segments made while the cache held their size in blocks
+//! that could not take the request. Synthetic traces of large-pool requests; the real fixtures'
+//! numbers are checked against the live process in `tests/cli/analyze.rs`.
+
+use crate::common;
+
+use common::prelude::*;
+use memsnap_analysis::{analyze_with, cache_words, AllocatorCache, SegmentMade, Thresholds};
+
+fn cache(snap: &memsnap_model::Snapshot, th: &Thresholds) -> AllocatorCache {
+    let replay = memsnap_replay::replay(snap);
+    let a = analyze_with(snap, &replay, th);
+    a.devices[0].cache.clone().expect("a cache section")
+}
+
+/// Two 40 MiB tensors (a segment each: the second does not fit in the first's), both freed,
+/// then a 60 MiB one: neither cached 40 MiB block can take it, so a third segment is made while
+/// 80 MiB sit cached free. The two free segments are what `empty_cache()` returns.
+fn larger_shape_after_smaller() -> memsnap_model::Snapshot {
+    let mut t = TraceBuilder::new();
+    let a = t.alloc(40 * MIB, &[top(10)]);
+    let b = t.alloc(40 * MIB, &[top(10)]);
+    t.free(a, &[top(11)]);
+    t.free(b, &[top(11)]);
+    t.alloc(60 * MIB, &[top(12)]);
+    t.finish()
+}
+
+#[test]
+fn a_segment_made_beside_cache_that_does_not_fit() {
+    let c = cache(&larger_shape_after_smaller(), &Thresholds::DEFAULT);
+    assert_eq!((c.reserved, c.allocated, c.cached_free), (140 * MIB, 60 * MIB, 80 * MIB));
+    assert_eq!((c.free_segments, c.free_segment_bytes, c.hole_bytes), (2, 80 * MIB, 0));
+    assert_eq!(c.empty_cache_returns(), Some(80 * MIB));
+    let g = c.growth.as_ref().expect("a trace with allocations");
+    assert_eq!((g.made, g.made_bytes), (3, 140 * MIB));
+    assert_eq!((g.made_while_cached, g.made_while_cached_bytes), (1, 60 * MIB));
+    assert_eq!(
+        g.largest_while_cached,
+        Some(SegmentMade { event_index: 8, size: 60 * MIB, cached_free_before: 80 * MIB })
+    );
+    // Reserved peaked at 140 MiB, allocated at 80 MiB: 43% above, past the 35% threshold. The
+    // peak is reached by the `segment_alloc`, which the trace records before the `alloc` it serves.
+    assert_eq!((g.peak_reserved, g.peak_allocated, g.allocated_at_peak_reserved), (140 * MIB, 80 * MIB, 0));
+    assert!(g.excess);
+    let words = cache_words(&c).join("\n");
+    assert!(words.contains("expandable_segments:True"), "{words}");
+    assert!(words.contains("1 of them (60.00 MiB) while at least its own size sat cached free"), "{words}");
+}
+
+/// Near miss: the same program where the larger tensor fits in what is cached (two 40 MiB
+/// tensors freed, then a 30 MiB one): no segment is made beside the cache, and reserved stays
+/// where the allocated peak put it.
+#[test]
+fn near_miss_a_smaller_shape_reuses_the_cache() {
+    let mut t = TraceBuilder::new();
+    let a = t.alloc(40 * MIB, &[top(10)]);
+    let b = t.alloc(40 * MIB, &[top(10)]);
+    t.free(a, &[top(11)]);
+    t.free(b, &[top(11)]);
+    t.alloc(30 * MIB, &[top(12)]);
+    let c = cache(&t.finish(), &Thresholds::DEFAULT);
+    let g = c.growth.as_ref().unwrap();
+    assert_eq!((g.made, g.made_while_cached, g.excess), (2, 0, false));
+    // The 30 MiB block split one segment: 10 MiB of hole beside it, the other segment free.
+    assert_eq!((c.free_segments, c.free_segment_bytes, c.hole_bytes), (1, 40 * MIB, 10 * MIB));
+    assert!(!cache_words(&c).join("\n").contains("expandable_segments"));
+}
+
+/// A segment made when the cache held less than its size is growth, not a mismatch of blocks.
+#[test]
+fn near_miss_growth_with_too_little_cached() {
+    let mut t = TraceBuilder::new();
+    let a = t.alloc(40 * MIB, &[top(10)]);
+    t.free(a, &[top(11)]);
+    t.alloc(60 * MIB, &[top(12)]);
+    let g = cache(&t.finish(), &Thresholds::DEFAULT).growth.unwrap();
+    assert_eq!((g.made, g.made_while_cached), (2, 0));
+}
+
+/// `empty_cache()` during the trace: the released segments are counted, and the cache at the
+/// dump holds only what came after.
+#[test]
+fn segments_released_by_empty_cache() {
+    let mut t = TraceBuilder::new();
+    let a = t.alloc(40 * MIB, &[top(10)]);
+    t.free(a, &[top(11)]);
+    t.empty_cache(&[top(12)]);
+    t.alloc(20 * MIB, &[top(13)]);
+    let c = cache(&t.finish(), &Thresholds::DEFAULT);
+    let g = c.growth.as_ref().unwrap();
+    assert_eq!((g.released, g.released_bytes), (1, 40 * MIB));
+    assert_eq!((c.reserved, c.allocated, c.cached_free), (20 * MIB, 20 * MIB, 0));
+    assert!(cache_words(&c)[0].contains("caches nothing"), "{:?}", cache_words(&c));
+}
+
+/// The threshold decides the advice, not the facts: past it the same program gets none.
+#[test]
+fn reserved_excess_share_decides_the_advice() {
+    let th = Thresholds { reserved_excess_share: 0.5, ..Thresholds::DEFAULT };
+    let c = cache(&larger_shape_after_smaller(), &th);
+    let g = c.growth.as_ref().unwrap();
+    assert_eq!((g.made_while_cached, g.excess), (1, false));
+    assert!(!cache_words(&c).join("\n").contains("expandable_segments"));
+}
