@@ -119,6 +119,7 @@ fn cache_json(c: &memsnap_analysis::AllocatorCache) -> Value {
         "free_segment_bytes": c.free_segment_bytes,
         "hole_bytes": c.hole_bytes,
         "expandable_free_bytes": c.expandable_free_bytes,
+        "expandable_unmappable_bytes": c.expandable_unmappable_bytes,
         "private_pool_free_bytes": c.private_free_bytes,
         "pending_free_bytes": c.pending_free_bytes,
         "empty_cache_returns_bytes": c.empty_cache_returns(),

@@ -26,6 +26,7 @@ fn all_fixtures() -> Vec<PathBuf> {
     v.extend(files_in(&fixture("multi"), |n| n.ends_with(".pickle")));
     v.extend(files_in(&fixture("extra2"), |n| n.ends_with(".pickle.xz")));
     v.extend(files_in(&fixture("formats"), |n| n.ends_with(".pickle.xz")));
+    v.extend(files_in(&fixture("cache"), |n| n.ends_with(".pickle.xz")));
     v
 }
 
@@ -101,7 +102,7 @@ fn check_peaks(path: &Path, out: &Value, truth: &Value, failures: &mut Vec<Strin
                 failures.push(format!("{} device {dev}: {k} {got:?}, truth {tk} {want:?}", path.display()));
             }
         }
-        check_cache(path, dev, &d["cache"], t, failures);
+        check_cache(path, dev, &d["cache"], t, truth, failures);
         if d["replay_matches_snapshot"] != Value::Bool(true) {
             failures.push(format!(
                 "{} device {dev}: replay_matches_snapshot {} ({} mismatches)",
@@ -117,7 +118,7 @@ fn check_peaks(path: &Path, out: &Value, truth: &Value, failures: &mut Vec<Strin
 /// `memory_reserved()` and `memory_allocated()` at the dump, its parts add up to the cached free
 /// bytes, and where the generator called `torch.cuda.empty_cache()` right after the dump
 /// (`truth.cache`), the bytes it says that call returns are the bytes it returned.
-fn check_cache(path: &Path, dev: u64, cache: &Value, t: &Value, failures: &mut Vec<String>) {
+fn check_cache(path: &Path, dev: u64, cache: &Value, t: &Value, truth: &Value, failures: &mut Vec<String>) {
     let n = |k: &str| cache[k].as_u64().unwrap_or_else(|| panic!("{}: cache.{k} in {cache}", path.display()));
     let (reserved, allocated) = (n("reserved_bytes"), n("allocated_bytes"));
     if Some(reserved) != t["reserved"].as_u64() || Some(allocated) != t["allocated"].as_u64() {
@@ -135,6 +136,25 @@ fn check_cache(path: &Path, dev: u64, cache: &Value, t: &Value, failures: &mut V
             .sum();
     if parts != n("cached_free_bytes") || n("cached_free_bytes") != reserved - allocated {
         failures.push(format!("{} device {dev}: cache parts {parts} do not add up: {cache}", path.display()));
+    }
+    let Some(live) = truth.get("cache") else { return };
+    let returned = live["empty_cache_returned"].as_u64().expect("empty_cache_returned");
+    if n("empty_cache_returns_bytes") != returned {
+        failures.push(format!(
+            "{} device {dev}: empty_cache_returns_bytes {}, the live process's empty_cache() returned {returned}",
+            path.display(),
+            n("empty_cache_returns_bytes")
+        ));
+    }
+    // Every segment the process made (`segment.all.allocated`) is in the trace; segments of
+    // expandable segments are mapped ranges, which torch does not count as segments.
+    let made = cache["growth"]["segments_made"].as_u64();
+    if n("expandable_free_bytes") == 0 && made != live["segments_allocated_total"].as_u64() {
+        failures.push(format!(
+            "{} device {dev}: segments_made {made:?}, truth segment.all.allocated {}",
+            path.display(),
+            live["segments_allocated_total"]
+        ));
     }
 }
 

@@ -44,7 +44,8 @@ struct Fixture {
 
 fn fixtures() -> Vec<Fixture> {
     let mut out = Vec::new();
-    for dir in ["dev", "extra", "extra2", "extra3", "extra4", "extra5", "extra6", "extra7", "multi", "formats"] {
+    for dir in ["dev", "extra", "extra2", "extra3", "extra4", "extra5", "extra6", "extra7", "multi", "formats", "cache"]
+    {
         let d = common::fixture(dir);
         if !d.is_dir() {
             continue;

@@ -42,10 +42,12 @@ pub struct AllocatorCache {
     /// that fit, returned by nothing.
     pub hole_bytes: u64,
     /// Free blocks in expandable segments: `empty_cache()` unmaps the whole pages inside them
-    /// (how many depends on the page granularity, which the file does not record).
+    /// (`expandable_unmappable_bytes`).
     pub expandable_free_bytes: u64,
     /// Free blocks in private pools: kept while their pool lives.
     pub private_free_bytes: u64,
+    /// Of `expandable_free_bytes`, the whole pages `empty_cache()` unmaps.
+    pub expandable_unmappable_bytes: u64,
     /// Blocks freed by the program but still in use by a stream (`free_requested`): they become
     /// cached when the stream's work completes.
     pub pending_free_bytes: u64,
@@ -56,10 +58,9 @@ pub struct AllocatorCache {
 }
 
 impl AllocatorCache {
-    /// Bytes `torch.cuda.empty_cache()` would return right after the dump; `None` when free
-    /// pages of expandable segments make it depend on their granularity.
-    pub fn empty_cache_returns(&self) -> Option<u64> {
-        (self.expandable_free_bytes == 0).then_some(self.free_segment_bytes)
+    /// Bytes `torch.cuda.empty_cache()` would return right after the dump.
+    pub fn empty_cache_returns(&self) -> u64 {
+        self.free_segment_bytes.saturating_add(self.expandable_unmappable_bytes)
     }
 }
 
@@ -115,6 +116,7 @@ pub fn allocator_cache<'a>(
         expandable_free_bytes: 0,
         private_free_bytes: 0,
         pending_free_bytes: 0,
+        expandable_unmappable_bytes: 0,
         expandable: false,
         growth: traced.then(|| growth(replay, thresholds)),
     };
@@ -130,6 +132,9 @@ pub fn allocator_cache<'a>(
             }
         }
         let holds_block = seg.blocks.iter().any(|b| b.state != BlockState::Inactive);
+        if seg.is_expandable && !seg.is_private_pool() {
+            c.expandable_unmappable_bytes = c.expandable_unmappable_bytes.saturating_add(unmappable(seg));
+        }
         let bucket = if seg.is_private_pool() {
             &mut c.private_free_bytes
         } else if seg.is_expandable {
@@ -144,6 +149,35 @@ pub fn allocator_cache<'a>(
     }
     c.cached_free = c.reserved.saturating_sub(c.allocated);
     c
+}
+
+/// Page size of an expandable segment: it maps and unmaps memory in pages of 2 MiB in the
+/// small pool and 20 MiB in the large pool (`ExpandableSegment::segment_size_`: `kSmallBuffer`,
+/// `kLargeBuffer`), counted from the start of the segment.
+fn expandable_page(seg: &Segment) -> u64 {
+    if seg.segment_type == SegmentType::Small {
+        2 << 20
+    } else {
+        20 << 20
+    }
+}
+
+/// The bytes `empty_cache()` unmaps from a mapped range of an expandable segment: of each free
+/// block, the whole pages inside it (`ExpandableSegment::unmap` rounds the block's start up and
+/// its end down to pages). A mapped range starts on a page boundary, so pages count from it.
+fn unmappable(seg: &Segment) -> u64 {
+    let page = expandable_page(seg);
+    seg.blocks
+        .iter()
+        .filter(|b| b.state == BlockState::Inactive)
+        .map(|b| {
+            let start = b.address.saturating_sub(seg.address);
+            let end = start.saturating_add(b.size);
+            let first = start.div_ceil(page).saturating_mul(page);
+            let last = end / page * page;
+            last.saturating_sub(first)
+        })
+        .sum()
 }
 
 fn growth(d: &DeviceReplay, thresholds: &Thresholds) -> ReservedGrowth {

@@ -279,7 +279,7 @@ pub fn cache_words(c: &AllocatorCache) -> Vec<String> {
         let mut parts = Vec::new();
         if c.free_segment_bytes > 0 {
             parts.push(format!(
-                "{} in {} that hold no block (what `torch.cuda.empty_cache()` returns to the driver)",
+                "{} in {} that hold no block",
                 format_bytes(c.free_segment_bytes, 2),
                 plural(c.free_segments, "segment", "segments")
             ));
@@ -292,8 +292,9 @@ pub fn cache_words(c: &AllocatorCache) -> Vec<String> {
         }
         if c.expandable_free_bytes > 0 {
             parts.push(format!(
-                "{} free in expandable segments (`empty_cache()` unmaps the whole pages among them)",
-                format_bytes(c.expandable_free_bytes, 2)
+                "{} free in expandable segments ({} of it in whole pages, which `empty_cache()` unmaps)",
+                format_bytes(c.expandable_free_bytes, 2),
+                format_bytes(c.expandable_unmappable_bytes, 2)
             ));
         }
         if c.private_free_bytes > 0 {
@@ -309,11 +310,12 @@ pub fn cache_words(c: &AllocatorCache) -> Vec<String> {
             ));
         }
         out.push(format!(
-            "At the dump {} is reserved and {} allocated: {} is the allocator's cache of freed blocks, kept for reuse (`nvidia-smi` and `memory_reserved()` count it, `memory_allocated()` does not), not live tensors: {}.",
+            "At the dump {} is reserved and {} allocated: {} is the allocator's cache of freed blocks, kept for reuse (`nvidia-smi` and `memory_reserved()` count it, `memory_allocated()` does not), not live tensors: {}. `torch.cuda.empty_cache()` would return {} to the driver.",
             format_bytes(c.reserved, 2),
             format_bytes(c.allocated, 2),
             format_bytes(c.cached_free, 2),
-            parts.join("; ")
+            parts.join("; "),
+            format_bytes(c.empty_cache_returns(), 2)
         ));
     }
     let Some(g) = &c.growth else { return out };

@@ -125,6 +125,13 @@ pub fn render(r: &Report) -> String {
         for f in &d.segments {
             figure(&mut s, &f.svg);
         }
+        if !d.cache.is_empty() {
+            s.push_str("<div class=\"card\">\n<h3>The allocator's cache: reserved beyond the live tensors</h3>\n<ul class=\"caveats\">\n");
+            for line in &d.cache {
+                let _ = writeln!(s, "<li>{}</li>", escape(line));
+            }
+            s.push_str("</ul>\n</div>\n");
+        }
     }
 
     // Caveats.

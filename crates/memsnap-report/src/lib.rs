@@ -178,6 +178,9 @@ pub struct DeviceReport {
     /// The segment map at the peak; also at the end when fragmentation is suspected, and at the
     /// last OOM when there was one.
     pub segments: Vec<Figure>,
+    /// What the allocator caches beyond the live blocks, as `analyze` says it (empty for a
+    /// profiler-converted file).
+    pub cache: Vec<String>,
     pub caveats: Vec<String>,
 }
 
@@ -362,6 +365,7 @@ fn device_report(
             .collect(),
         flamegraph,
         segments,
+        cache: da.cache.as_ref().map(memsnap_analysis::cache_words).unwrap_or_default(),
         caveats,
     }
 }

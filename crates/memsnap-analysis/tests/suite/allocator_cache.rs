@@ -32,7 +32,7 @@ fn a_segment_made_beside_cache_that_does_not_fit() {
     let c = cache(&larger_shape_after_smaller(), &Thresholds::DEFAULT);
     assert_eq!((c.reserved, c.allocated, c.cached_free), (140 * MIB, 60 * MIB, 80 * MIB));
     assert_eq!((c.free_segments, c.free_segment_bytes, c.hole_bytes), (2, 80 * MIB, 0));
-    assert_eq!(c.empty_cache_returns(), Some(80 * MIB));
+    assert_eq!(c.empty_cache_returns(), 80 * MIB);
     let g = c.growth.as_ref().expect("a trace with allocations");
     assert_eq!((g.made, g.made_bytes), (3, 140 * MIB));
     assert_eq!((g.made_while_cached, g.made_while_cached_bytes), (1, 60 * MIB));
