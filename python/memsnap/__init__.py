@@ -14,12 +14,15 @@ several threads at once.
 """
 
 from memsnap._analysis import (
+    Cache,
     Device,
     LabelBytes,
     LabelledPhase,
     Moment,
     Peaks,
     Phases,
+    ReservedGrowth,
+    SegmentMade,
     Site,
     SiteBytes,
     Suspect,
@@ -45,6 +48,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Analysis",
+    "Cache",
     "CheckResult",
     "Device",
     "LabelBytes",
@@ -53,6 +57,8 @@ __all__ = [
     "Peaks",
     "Phases",
     "Recording",
+    "ReservedGrowth",
+    "SegmentMade",
     "Site",
     "SiteBytes",
     "SnapshotError",

@@ -191,6 +191,75 @@ class Phases:
 
 
 @dataclass(frozen=True)
+class SegmentMade:
+    """A segment made while its pool held at least its size cached free."""
+
+    event_index: int
+    bytes: int
+    cached_free_before_bytes: int
+
+
+@dataclass(frozen=True)
+class ReservedGrowth:
+    """How reserved memory grew during the trace: segments made (and those made beside cached
+    free memory that could not take the request), segments released, the two peaks."""
+
+    peak_reserved_bytes: int
+    peak_allocated_bytes: int
+    allocated_at_peak_reserved_bytes: int
+    segments_made: int
+    segment_bytes_made: int
+    segments_made_while_cached: int
+    segment_bytes_made_while_cached: int
+    largest_made_while_cached: Optional[SegmentMade]
+    #: The reserved peak is at least 35% above the allocated peak.
+    reserved_excess: bool
+    segments_released: int
+    segment_bytes_released: int
+
+    @staticmethod
+    def of(v: Json) -> "ReservedGrowth":
+        fields = dict(v)
+        largest = fields.pop("largest_made_while_cached")
+        return ReservedGrowth(
+            largest_made_while_cached=None if largest is None else SegmentMade(**largest), **fields
+        )
+
+
+@dataclass(frozen=True)
+class Cache:
+    """What the caching allocator holds beyond the live blocks at the dump (exact, from the
+    segment table), what ``torch.cuda.empty_cache()`` would return, and how reserved grew."""
+
+    reserved_bytes: int
+    allocated_bytes: int
+    cached_free_bytes: int
+    #: Default-pool segments that hold no block, and their bytes.
+    free_segments: int
+    free_segment_bytes: int
+    #: Free blocks beside live ones in default-pool segments: returned by nothing.
+    hole_bytes: int
+    expandable_free_bytes: int
+    expandable_unmappable_bytes: int
+    private_pool_free_bytes: int
+    pending_free_bytes: int
+    empty_cache_returns_bytes: int
+    #: ``None`` when the trace records no allocations.
+    growth: Optional[ReservedGrowth]
+    #: The sentences ``memsnap analyze`` prints under "Allocator cache".
+    text: Tuple[str, ...]
+
+    @staticmethod
+    def of(v: Optional[Json]) -> Optional["Cache"]:
+        if v is None:
+            return None
+        fields = dict(v)
+        growth = fields.pop("growth")
+        text = fields.pop("text")
+        return Cache(growth=None if growth is None else ReservedGrowth.of(growth), text=tuple(text), **fields)
+
+
+@dataclass(frozen=True)
 class Device:
     """One device of the analysis: dump-time totals, the replay's peaks and checks, phases,
     the peak and end moments, its suspects and caveats."""
@@ -209,6 +278,8 @@ class Device:
     phases: Phases
     peak: Moment
     end: Moment
+    #: ``None`` for a profiler-converted file.
+    cache: Optional[Cache]
     suspects: Tuple[Suspect, ...]
     caveats: Tuple[str, ...]
 
@@ -236,6 +307,7 @@ class Device:
             phases=Phases.of(v["phases"]),
             peak=Moment.of(v["peak"]),
             end=Moment.of(v["end"]),
+            cache=Cache.of(v.get("cache")),
             suspects=tuple(Suspect.of(s) for s in v["suspects"]),
             caveats=tuple(v["caveats"]),
         )

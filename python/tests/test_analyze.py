@@ -66,6 +66,13 @@ def test_typed_fields_are_the_json_values(path: str) -> None:
             assert [(r.label, r.bytes, r.blocks) for r in moment.by_site] == [
                 (r["label"], r["bytes"], r["blocks"]) for r in mj["by_site"]
             ]
+        if j["cache"] is None:
+            assert dev.cache is None
+        else:
+            assert dev.cache is not None
+            typed = dataclasses.asdict(dev.cache)
+            assert tuple(typed.pop("text")) == tuple(j["cache"]["text"])
+            assert typed == {k: v for k, v in j["cache"].items() if k != "text"}
         assert dev.phases.iterations == j["phases"]["iterations"]
         assert dev.phases.iteration_site == memsnap.Site.of(j["phases"]["iteration_site"])
         assert a.device(dev.device) is dev
@@ -81,6 +88,18 @@ def test_the_leak_of_s03_as_the_readme_tells_it() -> None:
     assert a.devices[0].peaks.allocated_bytes == 2_057_739_264
     with pytest.raises(KeyError):
         a.device(7)
+
+
+@pytest.mark.parametrize("variant", ["plain", "expandable", "steady"])
+def test_cache_says_what_empty_cache_returned_in_the_live_process(variant: str) -> None:
+    stem = ROOT / f"fixtures/cache/c01_cache_shapes_{variant}_clean"
+    truth = json.loads(Path(f"{stem}.truth.json").read_text())["cache"]
+    cache = memsnap.analyze(Path(f"{stem}.pickle.xz")).device(0).cache
+    assert cache is not None and cache.growth is not None
+    assert cache.empty_cache_returns_bytes == truth["empty_cache_returned"]
+    assert (cache.reserved_bytes, cache.allocated_bytes) == (truth["reserved_at_dump"], truth["allocated_at_dump"])
+    # Shapes that grow step by step leave reserved far above the allocated peak; one shape does not.
+    assert cache.growth.reserved_excess is (variant == "plain")
 
 
 def _without_file(d: Dict[str, Any]) -> Dict[str, Any]:
