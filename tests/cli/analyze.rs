@@ -582,3 +582,26 @@ fn a_retained_graph_over_two_passes_keeps_both_and_their_inputs() {
     let kinds: Vec<&str> = u11["suspects"].as_array().unwrap().iter().map(|s| s["kind"].as_str().unwrap()).collect();
     assert_eq!(kinds, ["retained_graph"], "{}", u11["suspects"]);
 }
+
+/// A model that computes its loss and returns `(logits, loss)` (nanoGPT's shape): a kept output
+/// is named at the line that ran the model, not at the model's own line that made it (its head).
+/// The output is told by being a statement of the model's own `forward`, like the loss that
+/// ended the pass (`reference_leak.rs`, `model_depth`).
+#[test]
+fn kept_outputs_of_a_model_returning_logits_and_loss_are_named_at_the_call() {
+    for (dir, prefix, line) in
+        [("extra7", "t01_", 23), ("extra7", "t02_", 45), ("extra7", "t12_", 41), ("extra6", "u08_", 28)]
+    {
+        let path = files_in(&fixture(dir), |n| n.starts_with(prefix) && n.ends_with(".pickle.xz"))
+            .pop()
+            .unwrap_or_else(|| panic!("{dir}/{prefix}*"));
+        let script = format!("{}.py", stem(&path));
+        let out = analyze(&path);
+        let leaks = of_kind(&out, "reference_leak");
+        assert!(
+            !leaks.is_empty() && leaks.iter().all(|s| at(s, &script, line)),
+            "{prefix}: expected reference_leak at {script}:{line}, got:{}",
+            describe(&out)
+        );
+    }
+}

@@ -56,6 +56,10 @@ pub struct StackInfo {
     /// out): for a model run in a loop inside a helper (`generate()`), the line that called the
     /// helper.
     pub forward_caller: Option<FrameId>,
+    /// User frames inside the outermost `nn.Module` call (0 outside one): 1 when the
+    /// allocation is a statement of the model's own `forward` (or of a library module it called
+    /// directly), more when it is deeper in the user's submodules or helpers.
+    pub model_depth: u8,
 }
 
 /// Per-stack facts for a whole snapshot, indexed by `StackId`.
@@ -172,6 +176,8 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], frames: &[FrameId]) -> StackInfo {
     let caller_user = |from: usize| frames[from + 1..].iter().copied().find(|f| kinds[f.0 as usize] == FrameKind::User);
     if let Some(i) = outermost_module {
         s.forward_call = caller_user(i);
+        let inside = frames[..i].iter().filter(|f| kinds[f.0 as usize] == FrameKind::User).count();
+        s.model_depth = inside.min(u8::MAX as usize) as u8;
         if let Some(j) = frames[i + 1..].iter().position(|f| kinds[f.0 as usize] == FrameKind::User) {
             s.forward_caller = caller_user(i + 1 + j);
         }

@@ -190,12 +190,17 @@ impl Detector for ReferenceLeak {
                         let stack = cx.event_stack(b);
                         let info = cx.stacks.get(stack);
                         // A kept model output is fixed where the model is called; an intermediate
-                        // where the model's code made it.
+                        // where the model's code made it. An output is what the pass's last
+                        // operation made, or, when that operation is a statement of the model's
+                        // own `forward` (a model that computes its loss and returns
+                        // `(logits, loss)`), what another such statement made: the model's
+                        // top-level results, where intermediates come from its submodules.
                         let output = ub.in_pass
                             && last_op.is_some_and(|l| {
                                 l.innermost_python.is_some()
                                     && l.innermost_python == info.innermost_python
                                     && l.module_call == info.module_call
+                                    || l.model_depth == 1 && info.model_depth == 1
                             });
                         let line = if !ub.in_pass || info.in_module_hook {
                             info.site
