@@ -62,6 +62,7 @@ fn summary_text(l: &Loaded) -> String {
     }
     let cpu = snap.profiler_cpu_device();
     let reserved_known = !snap.profiler_converted();
+    let empty_cache = empty_cache_returns(snap);
     for t in &totals {
         let _ = writeln!(s, "{rule}");
         let title = if cpu == Some(t.device) {
@@ -82,6 +83,7 @@ fn summary_text(l: &Loaded) -> String {
             ("Inactive (cached free)", t.inactive_bytes, true),
             ("Inactive split bytes", t.inactive_split_bytes, true),
             ("Largest free block", t.largest_free_block, true),
+            ("empty_cache() returns", empty_cache.get(&t.device).copied().unwrap_or(0), true),
         ] {
             if from_segments && !reserved_known {
                 let _ = writeln!(s, "| {:<24}| {:>22} | {:>22} |", name, "not established", "");
@@ -185,9 +187,20 @@ fn summary_text(l: &Loaded) -> String {
     s
 }
 
+/// What `torch.cuda.empty_cache()` called at the dump would return, by device (see
+/// `memsnap_analysis::cache_at_dump`); one pass over the segments.
+fn empty_cache_returns(snap: &memsnap_model::Snapshot) -> std::collections::BTreeMap<u32, u64> {
+    snap.segments_by_device()
+        .into_iter()
+        .map(|(d, ks)| {
+            (d, memsnap_analysis::cache_at_dump(ks.iter().map(|&k| &snap.segments[k])).empty_cache_returns())
+        })
+        .collect()
+}
+
 /// One device's object; `reserved_known` false (a profiler-converted file) makes the numbers
 /// that come from its made-up segments null.
-pub fn device_json(t: &DeviceTotals, f: Option<&TraceFacts>, reserved_known: bool) -> Value {
+fn device_json(t: &DeviceTotals, f: Option<&TraceFacts>, empty_cache: u64, reserved_known: bool) -> Value {
     let known = |v: u64| reserved_known.then_some(v);
     json!({
         "device": t.device,
@@ -198,6 +211,7 @@ pub fn device_json(t: &DeviceTotals, f: Option<&TraceFacts>, reserved_known: boo
         "inactive_bytes": known(t.inactive_bytes),
         "inactive_split_bytes": known(t.inactive_split_bytes),
         "largest_free_block": known(t.largest_free_block),
+        "empty_cache_returns_bytes": known(empty_cache),
         "segment_count": t.segment_count,
         "block_count": t.block_count,
         "blocks_by_state": {
@@ -232,8 +246,11 @@ fn write_summary_json(out: &mut dyn std::io::Write, l: &Loaded) -> std::io::Resu
     let facts = snap.trace_facts();
     let totals = snap.device_totals();
     let reserved_known = !snap.profiler_converted();
+    let empty_cache = empty_cache_returns(snap);
     let device = |i: usize| {
-        device_json(&totals[i], memsnap_model::find_device(&facts, totals[i].device, |f| f.device), reserved_known)
+        let t = &totals[i];
+        let f = memsnap_model::find_device(&facts, t.device, |f| f.device);
+        device_json(t, f, empty_cache.get(&t.device).copied().unwrap_or(0), reserved_known)
     };
     let fields = summary_fields(l);
     crate::json_stream::write_pretty(out, fields.as_object().expect("an object"), "devices", totals.len(), &device)

@@ -485,3 +485,23 @@ fn segment_table_flags_pools_by_kind() {
         pools("f02_cuda_graph_pool")["graph_private"]["segments"].as_u64().unwrap()
     );
 }
+
+/// `summary` says what `torch.cuda.empty_cache()` right after the dump returns: on the three
+/// `fixtures/cache` runs, the live process's drop in `memory_reserved()` (expandable segments
+/// included: whole 20 MiB pages of their free blocks).
+#[test]
+fn empty_cache_returns_what_the_live_process_got_back() {
+    let files = common::files_in(&common::fixture("cache"), |n| n.ends_with(".pickle.xz"));
+    assert_eq!(files.len(), 3, "{files:?}");
+    for path in files {
+        let truth_path = path.to_str().unwrap().replace(".pickle.xz", ".truth.json");
+        let truth: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&truth_path).unwrap()).unwrap();
+        let out = common::summary_json(&path);
+        assert_eq!(
+            out["devices"][0]["empty_cache_returns_bytes"],
+            truth["cache"]["empty_cache_returned"],
+            "{}",
+            path.display()
+        );
+    }
+}

@@ -106,6 +106,12 @@ pub fn allocator_cache<'a>(
     traced: bool,
     thresholds: &Thresholds,
 ) -> AllocatorCache {
+    AllocatorCache { growth: traced.then(|| growth(replay, thresholds)), ..cache_at_dump(segments) }
+}
+
+/// The cache of `segments` (one device's dump-time segment table) alone, without the growth
+/// (which needs the replay): what `summary` shows.
+pub fn cache_at_dump<'a>(segments: impl IntoIterator<Item = &'a Segment>) -> AllocatorCache {
     let mut c = AllocatorCache {
         reserved: 0,
         allocated: 0,
@@ -118,7 +124,7 @@ pub fn allocator_cache<'a>(
         pending_free_bytes: 0,
         expandable_unmappable_bytes: 0,
         expandable: false,
-        growth: traced.then(|| growth(replay, thresholds)),
+        growth: None,
     };
     for seg in segments {
         c.reserved = c.reserved.saturating_add(seg.total_size);

@@ -29,7 +29,7 @@ use memsnap_replay::{DeviceReplay, Replay};
 use rayon::prelude::*;
 
 pub use attribution::{alloc_phase, attr_label, attribute, categorize, AllocPhase, Attr, Category};
-pub use cache::{allocator_cache, AllocatorCache, ReservedGrowth, SegmentMade};
+pub use cache::{allocator_cache, cache_at_dump, AllocatorCache, ReservedGrowth, SegmentMade};
 pub use detectors::{Context, Detector, Finding, REGISTRY};
 pub use evidence::{
     rank, Evidence, GradientHold, GraphHold, Holder, IterationsBy, LeakOrigin, Occurrence, OomCause, Severity, Suspect,
@@ -208,11 +208,15 @@ pub fn analyze_prepared(snap: &Snapshot, replay: &Replay, prepared: Prepared, th
         })
         .collect();
     let dump_stacks = dump_stacks(snap, &stacks);
+    let segments = snap.segments_by_device();
     let devices = work
         .par_drain(..)
         .map(|(d, prepared)| {
-            let t = memsnap_model::find_device(&totals, d.device, |t| t.device);
-            analyze_device(snap, &stacks, d, t, prepared, thresholds, &dump_stacks)
+            let dump = DeviceDump {
+                totals: memsnap_model::find_device(&totals, d.device, |t| t.device),
+                segments: segments.get(&d.device).map_or(&[][..], |v| &v[..]),
+            };
+            analyze_device(snap, &stacks, d, dump, prepared, thresholds, &dump_stacks)
         })
         .collect();
     Analysis { devices, stacks }
@@ -331,11 +335,18 @@ fn moment_with(
     (m, live)
 }
 
+/// A device's part of the dump: its totals, and its segments (indices into
+/// `Snapshot::segments`).
+struct DeviceDump<'a> {
+    totals: Option<&'a memsnap_model::DeviceTotals>,
+    segments: &'a [usize],
+}
+
 fn analyze_device(
     snap: &Snapshot,
     stacks: &StackTable,
     d: &DeviceReplay,
-    totals: Option<&memsnap_model::DeviceTotals>,
+    dump: DeviceDump<'_>,
     prepared: PreparedDevice,
     thresholds: &Thresholds,
     dump_stacks: &rustc_hash::FxHashMap<(u32, u64), StackId>,
@@ -422,7 +433,7 @@ fn analyze_device(
         events,
         lifecycle: &lifecycle,
         thresholds,
-        totals,
+        totals: dump.totals,
         end: &end,
         param_sizes: detectors::parameter_sizes(stacks, &phases, d, events),
         traced: peak_known,
@@ -474,9 +485,8 @@ fn analyze_device(
         optimizer_steps: phases.optimizer_steps.len(),
         labels,
     };
-    let cache = (!snap.profiler_converted()).then(|| {
-        cache::allocator_cache(snap.segments.iter().filter(|s| s.device == d.device), d, peak_known, thresholds)
-    });
+    let cache = (!snap.profiler_converted())
+        .then(|| cache::allocator_cache(dump.segments.iter().map(|&k| &snap.segments[k]), d, peak_known, thresholds));
     DeviceAnalysis {
         device: d.device,
         peak_known,
