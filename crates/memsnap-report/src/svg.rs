@@ -254,6 +254,13 @@ pub fn render(r: &Report) -> String {
         for f in &dev.segments {
             d.figure(f);
         }
+        if !dev.cache.is_empty() {
+            d.line(15.0, "#1a1a1a", "650", "The allocator's cache: reserved beyond the live tensors");
+            for c in &dev.cache {
+                d.para(14.0, 12.5, "#1a1a1a", "•", c);
+            }
+            d.gap(18.0);
+        }
     }
 
     // Caveats.
