@@ -11,15 +11,15 @@
 //!
 //! A segment is made (`cudaMalloc`, or `segment_map` for an expandable segment) only when no
 //! cached block of the request's pool (small or large) and stream can take it. A segment made
-//! while at least its own size sat cached free therefore says the cache had the bytes but in the
-//! wrong blocks: too small or split up (tensor shapes that change from step to step, long-lived
-//! tensors carved out between short-lived ones), or in the other size pool or on another stream.
-//! That is how reserved memory ends up above the peak of allocated memory.
+//! while at least its own size sat cached free in that pool on that stream therefore says the
+//! cache had the bytes but in the wrong blocks: too small or split up (tensor shapes that change
+//! from step to step, long-lived tensors carved out between short-lived ones). That is how
+//! reserved memory ends up above the peak of allocated memory.
 //!
 //! Read from the dump's segment table (exact) and, for the growth, from the replay's segments
 //! and series (exact when the replay matches the dump).
 
-use memsnap_model::{BlockState, Segment, SegmentType};
+use memsnap_model::{BlockState, Segment, SegmentType, Snapshot, TraceEvent};
 use memsnap_replay::{DeviceReplay, SegmentLifetime, SMALL_SIZE};
 use rayon::prelude::*;
 
@@ -75,7 +75,7 @@ pub struct ReservedGrowth {
     /// Default-pool segments (or mapped ranges) made during the trace, and their bytes.
     pub made: u64,
     pub made_bytes: u64,
-    /// Those made while at least their own size was cached free.
+    /// Those made while at least their own size was cached free in their pool on their stream.
     pub made_while_cached: u64,
     pub made_while_cached_bytes: u64,
     /// Whether the reserved peak exceeds the allocated peak by at least
@@ -101,12 +101,14 @@ pub struct SegmentMade {
 /// The cache of `segments` (one device's dump-time segment table), with the growth read from
 /// its replay when the trace records allocations (`traced`).
 pub fn allocator_cache<'a>(
+    snap: &Snapshot,
     segments: impl IntoIterator<Item = &'a Segment>,
     replay: &DeviceReplay,
     traced: bool,
     thresholds: &Thresholds,
 ) -> AllocatorCache {
-    AllocatorCache { growth: traced.then(|| growth(replay, thresholds)), ..cache_at_dump(segments) }
+    let events = snap.trace(replay.device).map_or(&[][..], |t| &t.events[..]);
+    AllocatorCache { growth: traced.then(|| growth(snap, events, replay, thresholds)), ..cache_at_dump(segments) }
 }
 
 /// The cache of `segments` (one device's dump-time segment table) alone, without the growth
@@ -186,7 +188,7 @@ fn unmappable(seg: &Segment) -> u64 {
         .sum()
 }
 
-fn growth(d: &DeviceReplay, thresholds: &Thresholds) -> ReservedGrowth {
+fn growth(snap: &Snapshot, events: &[TraceEvent], d: &DeviceReplay, thresholds: &Thresholds) -> ReservedGrowth {
     let (reserved, allocated) = (d.peaks.reserved.value, d.peaks.allocated.value);
     let excess =
         reserved > 0 && reserved.saturating_sub(allocated) as f64 >= thresholds.reserved_excess_share * reserved as f64;
@@ -204,7 +206,7 @@ fn growth(d: &DeviceReplay, thresholds: &Thresholds) -> ReservedGrowth {
         released_bytes: 0,
     };
     let default_pool: Vec<&SegmentLifetime> = d.segments.iter().filter(|s| s.pool_id == (0, 0)).collect();
-    let cached = cached_before_each_made(d, &default_pool);
+    let cached = cached_before_each_made(snap, events, d, &default_pool);
     let mut made_i = 0;
     for s in &default_pool {
         if s.released_event.is_some() {
@@ -237,17 +239,32 @@ fn small_pool(size: u64) -> bool {
     size <= SMALL_SIZE
 }
 
+/// Counters one accumulator of [`cached_before_each_made`] may hold before it stops splitting
+/// the blocks over threads (4 Mi entries, 32 MiB): the counters are per query and per
+/// (stream, pool), and a crafted trace can make both counts large.
+const MAX_COUNTERS: usize = 1 << 22;
+
 /// For each segment of `segments` made during the trace (in their order), the bytes cached free
-/// in its own pool (small or large) just before it was made: that pool's reserved bytes less
-/// the bytes of its blocks not yet returned (allocated, or freed but still in use by a stream).
+/// in its own pool (small or large) on its own stream just before it was made: the reserved
+/// bytes of that pool and stream less the bytes of its blocks not yet returned (allocated, or
+/// freed but still in use by a stream).
 ///
-/// Blocks are counted by their pool from their size; a block of a private pool (a CUDA graph's)
-/// counts against the default pool of its size, which can only lower the cached bytes found, so
-/// a segment is never said to be made beside cache it could not have used for that reason.
-/// Segments and blocks are live over event ranges, so each adds its bytes to the queries
-/// (the events just before each segment made) its range covers: a difference array over the
-/// sorted queries, one binary search per endpoint.
-fn cached_before_each_made(d: &DeviceReplay, segments: &[&SegmentLifetime]) -> Vec<u64> {
+/// A block's pool is told by its size and its stream by its first event in the trace. Counting
+/// errs towards less cache, never more, so a segment is never said to be made beside cache it
+/// could not have used: a block of a private pool (a CUDA graph's) counts against the default
+/// pool of its size and stream; a block the trace never mentions (allocated before it and
+/// still alive) counts against its pool on every stream; and when streams and queries are too
+/// many to count apart ([`MAX_COUNTERS`]), streams are merged (as they are, trivially, when the
+/// device's segments are all on one stream).
+/// Segments and blocks are live over event ranges, so each adds its bytes to the queries (the
+/// events just before each segment made) its range covers: a difference array over the sorted
+/// queries, one binary search per endpoint.
+fn cached_before_each_made(
+    snap: &Snapshot,
+    events: &[TraceEvent],
+    d: &DeviceReplay,
+    segments: &[&SegmentLifetime],
+) -> Vec<u64> {
     // The moment just before event `e` is "after event e - 1"; -1 is before the first event.
     let at = |e: u32| e as i64 - 1;
     let mut queries: Vec<i64> = segments.iter().filter_map(|s| s.created_event).map(at).collect();
@@ -257,61 +274,98 @@ fn cached_before_each_made(d: &DeviceReplay, segments: &[&SegmentLifetime]) -> V
     queries.sort_unstable();
     queries.dedup();
     let n = queries.len();
+    // Counters per query: per key (stream, pool), its reserved bytes then its used bytes.
+    let mut streams: Vec<u64> = segments.iter().map(|s| s.stream).collect();
+    streams.sort_unstable();
+    streams.dedup();
+    // One stream (the common case) needs no block's stream looked up: a lookup is a read of
+    // the block's event, scattered over the whole trace.
+    let per_stream = streams.len() > 1 && (n + 1).saturating_mul(4 * streams.len()) <= MAX_COUNTERS;
+    if !per_stream {
+        streams = vec![0];
+    }
+    let keys = 2 * streams.len();
+    let key = |stream: u64, small: bool| {
+        let k = if per_stream { streams.binary_search(&stream).ok() } else { Some(0) };
+        k.map(|k| 2 * k + usize::from(small))
+    };
+    let width = 2 * keys;
     // Live after query x when born <= x < gone; `None` born means before the trace.
     let span = |born: Option<u32>, gone: Option<u32>| {
         let lo = born.map_or(0, |b| queries.partition_point(|&q| q < b as i64));
         let hi = gone.map_or(n, |g| queries.partition_point(|&q| q < g as i64));
         (lo, hi)
     };
-    // [reserved small, reserved large, used small, used large] per query, as differences.
-    let add = |diff: &mut Vec<[u64; 4]>, k: usize, (lo, hi): (usize, usize), bytes: u64| {
+    let add = |diff: &mut [u64], counter: usize, (lo, hi): (usize, usize), bytes: u64| {
         if lo < hi {
-            diff[lo][k] = diff[lo][k].wrapping_add(bytes);
-            diff[hi][k] = diff[hi][k].wrapping_sub(bytes);
+            diff[lo * width + counter] = diff[lo * width + counter].wrapping_add(bytes);
+            diff[hi * width + counter] = diff[hi * width + counter].wrapping_sub(bytes);
         }
     };
+    let stream_of = |b: &memsnap_replay::BlockLifetime| {
+        let first = b.alloc_event().or(b.free_requested_event()).or(b.free_completed_event());
+        first.and_then(|i| events.get(i as usize)).map(|e| snap.context(e).stream)
+    };
+    let size = (n + 1) * width;
+    // Split the blocks over threads while each accumulator stays small; otherwise one.
+    let parts = if size.saturating_mul(rayon::current_num_threads()) <= MAX_COUNTERS {
+        rayon::current_num_threads().max(1)
+    } else {
+        1
+    };
+    let per_part = d.blocks.len().div_ceil(parts).max(1);
     let mut diff = d
         .blocks
-        .par_iter()
-        .fold(
-            || vec![[0u64; 4]; n + 1],
-            |mut diff, b| {
-                let k = if small_pool(b.size) { 2 } else { 3 };
-                add(&mut diff, k, span(b.alloc_event(), b.free_completed_event()), b.size);
-                diff
-            },
-        )
+        .par_chunks(per_part)
+        .map(|blocks| {
+            let mut diff = vec![0u64; size];
+            for b in blocks {
+                let small = small_pool(b.size);
+                let range = span(b.alloc_event(), b.free_completed_event());
+                match if per_stream { stream_of(b) } else { Some(0) } {
+                    Some(stream) => {
+                        if let Some(k) = key(stream, small) {
+                            add(&mut diff, keys + k, range, b.size);
+                        }
+                    }
+                    None => {
+                        for k in (usize::from(small)..keys).step_by(2) {
+                            add(&mut diff, keys + k, range, b.size);
+                        }
+                    }
+                }
+            }
+            diff
+        })
         .reduce(
-            || vec![[0u64; 4]; n + 1],
+            || vec![0u64; size],
             |mut a, b| {
                 for (x, y) in a.iter_mut().zip(&b) {
-                    for k in 0..4 {
-                        x[k] = x[k].wrapping_add(y[k]);
-                    }
+                    *x = x.wrapping_add(*y);
                 }
                 a
             },
         );
     for s in segments {
-        let k = if s.segment_type == SegmentType::Small { 0 } else { 1 };
-        add(&mut diff, k, span(s.created_event, s.released_event), s.size);
-    }
-    let mut value = [0u64; 4];
-    let mut by_query = Vec::with_capacity(n);
-    for d in &diff[..n] {
-        for k in 0..4 {
-            value[k] = value[k].wrapping_add(d[k]);
+        if let Some(k) = key(s.stream, s.segment_type == SegmentType::Small) {
+            add(&mut diff, k, span(s.created_event, s.released_event), s.size);
         }
-        by_query.push(value);
+    }
+    // Prefix sums: the counters at each query.
+    for q in 1..n {
+        for c in 0..width {
+            diff[q * width + c] = diff[q * width + c].wrapping_add(diff[(q - 1) * width + c]);
+        }
     }
     segments
         .iter()
         .filter_map(|s| {
             let made = s.created_event?;
             let q = queries.partition_point(|&q| q < at(made));
-            let v = by_query[q];
-            let small = s.segment_type == SegmentType::Small;
-            Some(if small { v[0].saturating_sub(v[2]) } else { v[1].saturating_sub(v[3]) })
+            // Every segment's stream has a key (or all share one): one value per segment made.
+            let Some(k) = key(s.stream, s.segment_type == SegmentType::Small) else { return Some(0) };
+            let row = &diff[q * width..(q + 1) * width];
+            Some(row[k].saturating_sub(row[keys + k]))
         })
         .collect()
 }

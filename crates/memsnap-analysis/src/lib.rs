@@ -485,8 +485,9 @@ fn analyze_device(
         optimizer_steps: phases.optimizer_steps.len(),
         labels,
     };
-    let cache = (!snap.profiler_converted())
-        .then(|| cache::allocator_cache(dump.segments.iter().map(|&k| &snap.segments[k]), d, peak_known, thresholds));
+    let cache = (!snap.profiler_converted()).then(|| {
+        cache::allocator_cache(snap, dump.segments.iter().map(|&k| &snap.segments[k]), d, peak_known, thresholds)
+    });
     DeviceAnalysis {
         device: d.device,
         peak_known,

@@ -338,15 +338,16 @@ pub fn cache_words(c: &AllocatorCache) -> Vec<String> {
         ));
         if g.made_while_cached > 0 {
             s.push_str(&format!(
-                ", {} ({}) while at least {} own size sat cached free in {} pool (small or large): the cache had the bytes in blocks that could not take the request, too small or split up (tensor shapes that change between steps, long-lived tensors carved out between short-lived ones) or on another stream",
+                ", {} ({}) while at least {} own size sat cached free in {} pool (small or large) on {} stream: the cache had the bytes in blocks that could not take the request, too small or split up (tensor shapes that change between steps, long-lived tensors carved out between short-lived ones)",
                 if g.made_while_cached == g.made { "all of them".to_string() } else { format!("{} of them", g.made_while_cached) },
                 format_bytes(g.made_while_cached_bytes, 2),
+                if g.made_while_cached == 1 { "its" } else { "their" },
                 if g.made_while_cached == 1 { "its" } else { "their" },
                 if g.made_while_cached == 1 { "its" } else { "their" }
             ));
             if let Some(l) = g.largest_while_cached {
                 s.push_str(&format!(
-                    " ({}{} at event {}, with {} cached free in its pool)",
+                    " ({}{} at event {}, with {} cached free in its pool and stream)",
                     if g.made_while_cached > 1 { "the largest, " } else { "" },
                     format_bytes(l.size, 2),
                     l.event_index,

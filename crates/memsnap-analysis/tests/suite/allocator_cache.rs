@@ -104,3 +104,25 @@ fn reserved_excess_share_decides_the_advice() {
     assert_eq!((g.made_while_cached, g.excess), (1, false));
     assert!(!cache_words(&c).join("\n").contains("expandable_segments"));
 }
+
+/// Near miss: the same program with the 60 MiB tensor made on a side stream. The allocator
+/// keeps a pool per stream, so the 80 MiB cached on the default stream could never serve it:
+/// its segment is growth, not a mismatch of blocks.
+#[test]
+fn near_miss_cache_on_another_stream_could_not_serve() {
+    let mut snap = larger_shape_after_smaller();
+    let side = snap.intern_context(memsnap_model::EventContext { stream: 7, ..Default::default() });
+    let n = snap.traces[0].events.len();
+    // The last two events: the side stream's segment_alloc and the alloc it serves.
+    for e in &mut snap.traces[0].events[n - 2..] {
+        e.set_context(side);
+    }
+    let last = snap.segments.iter_mut().max_by_key(|s| s.address).unwrap();
+    assert_eq!(last.total_size, 60 * MIB);
+    last.stream = 7;
+    let replay = memsnap_replay::replay(&snap);
+    assert!(replay.devices[0].check.matches_snapshot, "the side-stream program replays exactly");
+    let c = cache(&snap, &Thresholds::DEFAULT);
+    let g = c.growth.as_ref().unwrap();
+    assert_eq!((g.made, g.made_while_cached), (3, 0));
+}
