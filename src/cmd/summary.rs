@@ -192,9 +192,7 @@ fn summary_text(l: &Loaded) -> String {
 fn empty_cache_returns(snap: &memsnap_model::Snapshot) -> std::collections::BTreeMap<u32, u64> {
     snap.segments_by_device()
         .into_iter()
-        .map(|(d, ks)| {
-            (d, memsnap_analysis::cache_at_dump(ks.iter().map(|&k| &snap.segments[k])).empty_cache_returns())
-        })
+        .map(|(d, ks)| (d, memsnap_analysis::cache_at_dump(ks.iter().map(|&k| &snap.segments[k])).empty_cache_returns))
         .collect()
 }
 

@@ -5,9 +5,11 @@
 //! `memory_reserved()` (what `nvidia-smi` shows, less the CUDA context) stays at its high-water
 //! mark while `memory_allocated()` falls, and the difference is not a leak. What
 //! `torch.cuda.empty_cache()` returns is only the segments of the default pools that hold no
-//! block at all (`release_blocks` frees a block only when it has no split neighbour), plus the
-//! whole free pages of expandable segments; holes in segments that still hold a live block stay,
-//! and a private pool (CUDA graphs, `MemPool`) keeps its memory while the pool lives.
+//! allocated block (`release_blocks` frees a block only when it has no split neighbour; it first
+//! waits for the stream events of blocks freed but still in use, `synchronize_and_free_events`,
+//! so those count as free), plus the whole free pages of expandable segments; holes in segments
+//! that still hold a live block stay, and a private pool (CUDA graphs, `MemPool`) keeps its
+//! memory while the pool lives.
 //!
 //! A segment is made (`cudaMalloc`, or `segment_map` for an expandable segment) only when no
 //! cached block of the request's pool (small or large) and stream can take it. A segment made
@@ -34,8 +36,9 @@ pub struct AllocatorCache {
     pub allocated: u64,
     /// `reserved − allocated`: the parts below add up to it.
     pub cached_free: u64,
-    /// Default-pool segments that hold no block at all, and their bytes: what `empty_cache()`
-    /// gives back to the driver.
+    /// Default-pool segments that hold no allocated block, and their free bytes (their blocks
+    /// still in use by a stream are in `pending_free_bytes`): `empty_cache()` gives these
+    /// segments back to the driver whole.
     pub free_segments: u64,
     pub free_segment_bytes: u64,
     /// Free blocks in default-pool segments that also hold a live block: reusable by requests
@@ -46,22 +49,20 @@ pub struct AllocatorCache {
     pub expandable_free_bytes: u64,
     /// Free blocks in private pools: kept while their pool lives.
     pub private_free_bytes: u64,
-    /// Of `expandable_free_bytes`, the whole pages `empty_cache()` unmaps.
+    /// The whole pages `empty_cache()` unmaps from expandable segments (see
+    /// `empty_cache_returns`).
     pub expandable_unmappable_bytes: u64,
     /// Blocks freed by the program but still in use by a stream (`free_requested`): they become
     /// cached when the stream's work completes.
     pub pending_free_bytes: u64,
+    /// What `torch.cuda.empty_cache()` called right after the dump would return: the segments
+    /// of `free_segments` whole, and the whole pages of expandable segments among their blocks
+    /// that are free or become free once their streams' work is done.
+    pub empty_cache_returns: u64,
     /// Whether the device has expandable segments (`expandable_segments:True` is in use).
     pub expandable: bool,
     /// How reserved memory grew; `None` when the trace records no allocations.
     pub growth: Option<ReservedGrowth>,
-}
-
-impl AllocatorCache {
-    /// Bytes `torch.cuda.empty_cache()` would return right after the dump.
-    pub fn empty_cache_returns(&self) -> u64 {
-        self.free_segment_bytes.saturating_add(self.expandable_unmappable_bytes)
-    }
 }
 
 /// Segments made and released during the trace.
@@ -78,13 +79,13 @@ pub struct ReservedGrowth {
     /// Those made while at least their own size was cached free in their pool on their stream.
     pub made_while_cached: u64,
     pub made_while_cached_bytes: u64,
+    /// The largest of those: its event, size and the cached free bytes just before it.
+    pub largest_while_cached: Option<SegmentMade>,
     /// Whether the reserved peak exceeds the allocated peak by at least
     /// [`Thresholds::reserved_excess_share`] of it: then the report advises on reserved memory.
     ///
     /// [`Thresholds::reserved_excess_share`]: crate::Thresholds
     pub excess: bool,
-    /// The largest of those: its event, size and the cached free bytes just before it.
-    pub largest_while_cached: Option<SegmentMade>,
     /// Segments (or mapped ranges) released during the trace (`empty_cache()`, or the allocator
     /// freeing its cache to retry a failed `cudaMalloc`), and their bytes.
     pub released: u64,
@@ -125,6 +126,7 @@ pub fn cache_at_dump<'a>(segments: impl IntoIterator<Item = &'a Segment>) -> All
         private_free_bytes: 0,
         pending_free_bytes: 0,
         expandable_unmappable_bytes: 0,
+        empty_cache_returns: 0,
         expandable: false,
         growth: None,
     };
@@ -139,7 +141,7 @@ pub fn cache_at_dump<'a>(segments: impl IntoIterator<Item = &'a Segment>) -> All
                 BlockState::Inactive => {}
             }
         }
-        let holds_block = seg.blocks.iter().any(|b| b.state != BlockState::Inactive);
+        let holds_block = seg.blocks.iter().any(|b| b.state == BlockState::Allocated);
         if seg.is_expandable && !seg.is_private_pool() {
             c.expandable_unmappable_bytes = c.expandable_unmappable_bytes.saturating_add(unmappable(seg));
         }
@@ -151,11 +153,13 @@ pub fn cache_at_dump<'a>(segments: impl IntoIterator<Item = &'a Segment>) -> All
             &mut c.hole_bytes
         } else {
             c.free_segments += 1;
+            c.empty_cache_returns = c.empty_cache_returns.saturating_add(seg.total_size);
             &mut c.free_segment_bytes
         };
         *bucket = bucket.saturating_add(free);
     }
     c.cached_free = c.reserved.saturating_sub(c.allocated);
+    c.empty_cache_returns = c.empty_cache_returns.saturating_add(c.expandable_unmappable_bytes);
     c
 }
 
@@ -171,21 +175,34 @@ fn expandable_page(seg: &Segment) -> u64 {
 }
 
 /// The bytes `empty_cache()` unmaps from a mapped range of an expandable segment: of each free
-/// block, the whole pages inside it (`ExpandableSegment::unmap` rounds the block's start up and
-/// its end down to pages). A mapped range starts on a page boundary, so pages count from it.
+/// run of blocks (free, or freed and waited for: neighbours merge when freed), the whole pages
+/// inside it (`ExpandableSegment::unmap` rounds the run's start up and its end down to pages).
+/// A mapped range starts on a page boundary, so pages count from it.
 fn unmappable(seg: &Segment) -> u64 {
     let page = expandable_page(seg);
-    seg.blocks
+    let mut blocks: Vec<(u64, u64, bool)> = seg
+        .blocks
         .iter()
-        .filter(|b| b.state == BlockState::Inactive)
-        .map(|b| {
-            let start = b.address.saturating_sub(seg.address);
-            let end = start.saturating_add(b.size);
-            let first = start.div_ceil(page).saturating_mul(page);
-            let last = end / page * page;
-            last.saturating_sub(first)
-        })
-        .sum()
+        .map(|b| (b.address.saturating_sub(seg.address), b.size, b.state != BlockState::Allocated))
+        .collect();
+    blocks.sort_unstable();
+    let pages = |start: u64, end: u64| (end / page * page).saturating_sub(start.div_ceil(page).saturating_mul(page));
+    let (mut total, mut run) = (0u64, None::<(u64, u64)>);
+    for (start, size, free) in blocks {
+        let end = start.saturating_add(size);
+        run = match (run, free) {
+            (Some((s, e)), true) if e == start => Some((s, end)),
+            (Some((s, e)), _) => {
+                total = total.saturating_add(pages(s, e));
+                free.then_some((start, end))
+            }
+            (None, _) => free.then_some((start, end)),
+        };
+    }
+    if let Some((s, e)) = run {
+        total = total.saturating_add(pages(s, e));
+    }
+    total
 }
 
 fn growth(snap: &Snapshot, events: &[TraceEvent], d: &DeviceReplay, thresholds: &Thresholds) -> ReservedGrowth {

@@ -315,7 +315,7 @@ pub fn cache_words(c: &AllocatorCache) -> Vec<String> {
             format_bytes(c.allocated, 2),
             format_bytes(c.cached_free, 2),
             parts.join("; "),
-            format_bytes(c.empty_cache_returns(), 2)
+            format_bytes(c.empty_cache_returns, 2)
         ));
     }
     let Some(g) = &c.growth else { return out };

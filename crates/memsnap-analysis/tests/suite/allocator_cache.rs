@@ -32,7 +32,7 @@ fn a_segment_made_beside_cache_that_does_not_fit() {
     let c = cache(&larger_shape_after_smaller(), &Thresholds::DEFAULT);
     assert_eq!((c.reserved, c.allocated, c.cached_free), (140 * MIB, 60 * MIB, 80 * MIB));
     assert_eq!((c.free_segments, c.free_segment_bytes, c.hole_bytes), (2, 80 * MIB, 0));
-    assert_eq!(c.empty_cache_returns(), 80 * MIB);
+    assert_eq!(c.empty_cache_returns, 80 * MIB);
     let g = c.growth.as_ref().expect("a trace with allocations");
     assert_eq!((g.made, g.made_bytes), (3, 140 * MIB));
     assert_eq!((g.made_while_cached, g.made_while_cached_bytes), (1, 60 * MIB));
@@ -125,4 +125,62 @@ fn near_miss_cache_on_another_stream_could_not_serve() {
     let c = cache(&snap, &Thresholds::DEFAULT);
     let g = c.growth.as_ref().unwrap();
     assert_eq!((g.made, g.made_while_cached), (3, 0));
+}
+
+fn block(address: u64, size: u64, state: memsnap_model::BlockState) -> memsnap_model::Block {
+    memsnap_model::Block {
+        address,
+        size,
+        requested_size: size,
+        state,
+        stack: memsnap_model::StackId::EMPTY,
+        address_derived: false,
+    }
+}
+
+fn segment(address: u64, blocks: Vec<memsnap_model::Block>, expandable: bool) -> memsnap_model::Segment {
+    let total: u64 = blocks.iter().map(|b| b.size).sum();
+    memsnap_model::Segment {
+        device: 0,
+        address,
+        total_size: total,
+        allocated_size: 0,
+        active_size: 0,
+        requested_size: 0,
+        stream: 0,
+        segment_type: memsnap_model::SegmentType::Large,
+        pool_id: (0, 0),
+        is_expandable: expandable,
+        stack: memsnap_model::StackId::EMPTY,
+        blocks,
+    }
+}
+
+/// `empty_cache()` first waits for the streams of blocks freed but still in use, so a segment
+/// whose only non-free block is pending goes back whole, and in an expandable segment a pending
+/// block merges with its free neighbour before the whole pages are unmapped (20 MiB pages in
+/// the large pool, counted from the segment's start).
+#[test]
+fn empty_cache_waits_for_blocks_still_in_use_by_a_stream() {
+    use memsnap_model::BlockState::{Allocated, Inactive, PendingFree};
+    let base = 1u64 << 40;
+    let plain =
+        segment(base, vec![block(base, 30 * MIB, PendingFree), block(base + 30 * MIB, 10 * MIB, Inactive)], false);
+    let e = base + (1 << 32);
+    let expandable = segment(
+        e,
+        vec![
+            block(e, 10 * MIB, Inactive),
+            block(e + 10 * MIB, 30 * MIB, PendingFree),
+            block(e + 40 * MIB, 20 * MIB, Allocated),
+        ],
+        true,
+    );
+    let c = memsnap_analysis::cache_at_dump([&plain, &expandable]);
+    assert_eq!((c.free_segments, c.free_segment_bytes, c.pending_free_bytes), (1, 10 * MIB, 60 * MIB));
+    // The free 10 MiB alone holds no whole page; merged with the pending 30 MiB, 0-40 MiB holds two.
+    assert_eq!(c.expandable_unmappable_bytes, 40 * MIB);
+    assert_eq!(c.empty_cache_returns, 40 * MIB + 40 * MIB);
+    assert_eq!(c.cached_free, c.reserved - c.allocated);
+    assert_eq!((c.reserved, c.allocated), (100 * MIB, 20 * MIB));
 }
