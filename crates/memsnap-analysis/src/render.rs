@@ -279,7 +279,7 @@ pub fn cache_words(c: &AllocatorCache) -> Vec<String> {
         let mut parts = Vec::new();
         if c.free_segment_bytes > 0 {
             parts.push(format!(
-                "{} in {} that hold no block",
+                "{} in {} that hold no allocated block",
                 format_bytes(c.free_segment_bytes, 2),
                 plural(c.free_segments, "segment", "segments")
             ));
@@ -347,8 +347,8 @@ pub fn cache_words(c: &AllocatorCache) -> Vec<String> {
             ));
             if let Some(l) = g.largest_while_cached {
                 s.push_str(&format!(
-                    " ({}{} at event {}, with {} cached free in its pool and stream)",
-                    if g.made_while_cached > 1 { "the largest, " } else { "" },
+                    "; {} was {}, made at event {} with {} cached free in its pool and stream",
+                    if g.made_while_cached > 1 { "the largest" } else { "it" },
                     format_bytes(l.size, 2),
                     l.event_index,
                     format_bytes(l.cached_free_before, 2)
@@ -370,7 +370,7 @@ pub fn cache_words(c: &AllocatorCache) -> Vec<String> {
     out.push(s);
     if g.excess {
         out.push(format!(
-            "Reserved memory peaked {} ({:.0}%) above the most ever allocated at once. Where that matters (an OOM, a GPU shared with other processes): {}padding or bucketing shapes keeps cached blocks reusable; `torch.cuda.empty_cache()` between phases returns segments that hold no block, but does not lower the peak.",
+            "Reserved memory peaked {} ({:.0}%) above the most ever allocated at once. Where that matters (an OOM, a GPU shared with other processes): {}padding or bucketing shapes keeps cached blocks reusable; `torch.cuda.empty_cache()` between phases returns segments that hold no allocated block, but does not lower the peak.",
             format_bytes(g.peak_reserved.saturating_sub(g.peak_allocated), 2),
             100.0 * g.peak_reserved.saturating_sub(g.peak_allocated) as f64 / g.peak_reserved.max(1) as f64,
             if c.expandable { "" } else { "`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` lets a segment grow in place instead of adding new ones; " }
