@@ -18,13 +18,7 @@ fn cache(snap: &memsnap_model::Snapshot, th: &Thresholds) -> AllocatorCache {
 /// then a 60 MiB one: neither cached 40 MiB block can take it, so a third segment is made while
 /// 80 MiB sit cached free. The two free segments are what `empty_cache()` returns.
 fn larger_shape_after_smaller() -> memsnap_model::Snapshot {
-    let mut t = TraceBuilder::new();
-    let a = t.alloc(40 * MIB, &[top(10)]);
-    let b = t.alloc(40 * MIB, &[top(10)]);
-    t.free(a, &[top(11)]);
-    t.free(b, &[top(11)]);
-    t.alloc(60 * MIB, &[top(12)]);
-    t.finish()
+    freed_then(&[40 * MIB, 40 * MIB], 60 * MIB)
 }
 
 #[test]
@@ -54,13 +48,7 @@ fn a_segment_made_beside_cache_that_does_not_fit() {
 /// where the allocated peak put it.
 #[test]
 fn near_miss_a_smaller_shape_reuses_the_cache() {
-    let mut t = TraceBuilder::new();
-    let a = t.alloc(40 * MIB, &[top(10)]);
-    let b = t.alloc(40 * MIB, &[top(10)]);
-    t.free(a, &[top(11)]);
-    t.free(b, &[top(11)]);
-    t.alloc(30 * MIB, &[top(12)]);
-    let c = cache(&t.finish(), &Thresholds::DEFAULT);
+    let c = cache(&freed_then(&[40 * MIB, 40 * MIB], 30 * MIB), &Thresholds::DEFAULT);
     let g = c.growth.as_ref().unwrap();
     assert_eq!((g.made, g.made_while_cached, g.excess), (2, 0, false));
     // The 30 MiB block split one segment: 10 MiB of hole beside it, the other segment free.
@@ -71,11 +59,7 @@ fn near_miss_a_smaller_shape_reuses_the_cache() {
 /// A segment made when the cache held less than its size is growth, not a mismatch of blocks.
 #[test]
 fn near_miss_growth_with_too_little_cached() {
-    let mut t = TraceBuilder::new();
-    let a = t.alloc(40 * MIB, &[top(10)]);
-    t.free(a, &[top(11)]);
-    t.alloc(60 * MIB, &[top(12)]);
-    let g = cache(&t.finish(), &Thresholds::DEFAULT).growth.unwrap();
+    let g = cache(&freed_then(&[40 * MIB], 60 * MIB), &Thresholds::DEFAULT).growth.unwrap();
     assert_eq!((g.made, g.made_while_cached), (2, 0));
 }
 

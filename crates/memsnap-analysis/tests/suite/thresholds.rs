@@ -73,13 +73,7 @@ fn holes() -> Snapshot {
 /// Two 40 MiB tensors freed, then a 60 MiB one that neither cached block can take: reserved
 /// peaks 43% above the allocated peak.
 fn cache_does_not_fit() -> Snapshot {
-    let mut t = TraceBuilder::new();
-    let a = t.alloc(40 * MIB, &[top(10)]);
-    let b = t.alloc(40 * MIB, &[top(10)]);
-    t.free(a, &[top(11)]);
-    t.free(b, &[top(11)]);
-    t.alloc(60 * MIB, &[top(12)]);
-    t.finish()
+    freed_then(&[40 * MIB, 40 * MIB], 60 * MIB)
 }
 
 /// (threshold, program, the thresholds it is judged with, the mutation, the verdict).

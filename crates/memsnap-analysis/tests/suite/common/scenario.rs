@@ -35,6 +35,20 @@ use memsnap_model::Snapshot;
 // ------------------------------------------------------------------------------------------
 // Helpers
 
+/// Tensors of `freed` bytes allocated at line 10 (each in a segment of its own when it does not
+/// fit in what is free), all freed at line 11, then one of `then` bytes at line 12: whether the
+/// allocator can serve the last from its cache or must make a segment beside it
+/// (`tests/allocator_cache.rs`).
+pub fn freed_then(freed: &[u64], then: u64) -> Snapshot {
+    let mut t = super::TraceBuilder::new();
+    let blocks: Vec<Blk> = freed.iter().map(|&bytes| t.alloc(bytes, &[top(10)])).collect();
+    for b in blocks {
+        t.free(b, &[top(11)]);
+    }
+    t.alloc(then, &[top(12)]);
+    t.finish()
+}
+
 /// Replay (asserting the replay reproduces the builder's final segment table) and analyse.
 pub fn analyze_snapshot(snap: &Snapshot) -> Analysis {
     let replay = memsnap_replay::replay(snap);
