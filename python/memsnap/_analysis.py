@@ -243,6 +243,8 @@ class Cache:
     expandable_unmappable_bytes: int
     private_pool_free_bytes: int
     pending_free_bytes: int
+    #: Segment bytes no listed block covers (0 in files PyTorch writes).
+    unlisted_bytes: int
     empty_cache_returns_bytes: int
     #: ``None`` when the trace records no allocations.
     growth: Optional[ReservedGrowth]

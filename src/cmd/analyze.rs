@@ -122,6 +122,7 @@ fn cache_json(c: &memsnap_analysis::AllocatorCache) -> Value {
         "expandable_unmappable_bytes": c.expandable_unmappable_bytes,
         "private_pool_free_bytes": c.private_free_bytes,
         "pending_free_bytes": c.pending_free_bytes,
+        "unlisted_bytes": c.unlisted_bytes,
         "empty_cache_returns_bytes": c.empty_cache_returns,
         "growth": c.growth.as_ref().map(|g| json!({
             "peak_reserved_bytes": g.peak_reserved,

@@ -34,7 +34,7 @@ pub struct AllocatorCache {
     pub reserved: u64,
     /// `memory_allocated()` at the dump.
     pub allocated: u64,
-    /// `reserved − allocated`: the parts below add up to it.
+    /// `reserved − allocated`: the parts below (with `unlisted_bytes`) add up to it.
     pub cached_free: u64,
     /// Default-pool segments that hold no allocated block, and their free bytes (their blocks
     /// still in use by a stream are in `pending_free_bytes`): `empty_cache()` gives these
@@ -55,6 +55,10 @@ pub struct AllocatorCache {
     /// Blocks freed by the program but still in use by a stream (`free_requested`): they become
     /// cached when the stream's work completes.
     pub pending_free_bytes: u64,
+    /// Bytes of segments that none of their listed blocks covers. The allocator's blocks tile
+    /// their segment, so this is 0 in every file PyTorch writes; a file edited or written by
+    /// another producer may list fewer, and the parts above would not add up without it.
+    pub unlisted_bytes: u64,
     /// What `torch.cuda.empty_cache()` called right after the dump would return: the segments
     /// of `free_segments` whole, and the whole pages of expandable segments among their blocks
     /// that are free or become free once their streams' work is done.
@@ -82,9 +86,11 @@ pub struct ReservedGrowth {
     /// The largest of those: its event, size and the cached free bytes just before it.
     pub largest_while_cached: Option<SegmentMade>,
     /// Whether the reserved peak exceeds the allocated peak by at least
-    /// [`Thresholds::reserved_excess_share`] of it: then the report advises on reserved memory.
+    /// [`Thresholds::reserved_excess_share`] of it and [`Thresholds::reserved_excess_min_bytes`]:
+    /// then the report advises on reserved memory.
     ///
     /// [`Thresholds::reserved_excess_share`]: crate::Thresholds
+    /// [`Thresholds::reserved_excess_min_bytes`]: crate::Thresholds
     pub excess: bool,
     /// Segments (or mapped ranges) released during the trace (`empty_cache()`, or the allocator
     /// freeing its cache to retry a failed `cudaMalloc`), and their bytes.
@@ -125,6 +131,7 @@ pub fn cache_at_dump<'a>(segments: impl IntoIterator<Item = &'a Segment>) -> All
         expandable_free_bytes: 0,
         private_free_bytes: 0,
         pending_free_bytes: 0,
+        unlisted_bytes: 0,
         expandable_unmappable_bytes: 0,
         empty_cache_returns: 0,
         expandable: false,
@@ -141,6 +148,8 @@ pub fn cache_at_dump<'a>(segments: impl IntoIterator<Item = &'a Segment>) -> All
                 BlockState::Inactive => {}
             }
         }
+        let listed = seg.blocks.iter().fold(0u64, |n, b| n.saturating_add(b.size));
+        c.unlisted_bytes = c.unlisted_bytes.saturating_add(seg.total_size.saturating_sub(listed));
         let holds_block = seg.blocks.iter().any(|b| b.state == BlockState::Allocated);
         if seg.is_expandable && !seg.is_private_pool() {
             c.expandable_unmappable_bytes = c.expandable_unmappable_bytes.saturating_add(unmappable(seg));
@@ -207,8 +216,10 @@ fn unmappable(seg: &Segment) -> u64 {
 
 fn growth(snap: &Snapshot, events: &[TraceEvent], d: &DeviceReplay, thresholds: &Thresholds) -> ReservedGrowth {
     let (reserved, allocated) = (d.peaks.reserved.value, d.peaks.allocated.value);
-    let excess =
-        reserved > 0 && reserved.saturating_sub(allocated) as f64 >= thresholds.reserved_excess_share * reserved as f64;
+    let over = reserved.saturating_sub(allocated);
+    let excess = reserved > 0
+        && over as f64 >= thresholds.reserved_excess_share * reserved as f64
+        && over >= thresholds.reserved_excess_min_bytes;
     let mut g = ReservedGrowth {
         excess,
         peak_reserved: d.peaks.reserved.value,

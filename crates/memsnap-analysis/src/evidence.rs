@@ -233,6 +233,10 @@ pub enum Evidence {
         occurrences: usize,
         eligible: usize,
         occurrence: Occurrence,
+        /// Where the largest kept block was made, when that is not the line the suspect names:
+        /// a kept model output is named at the line that calls the model, and this is the
+        /// statement inside the model that made it (the model's own code may be what keeps it).
+        made_at: Option<Site>,
     },
     UnreleasedGradient {
         hold: GradientHold,

@@ -128,7 +128,7 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
             agree(u64::from(*survived_blocks), "it", "them"),
             if *graphs_held { ", and the graphs are kept afterwards" } else { "" }
         ),
-        Evidence::ReferenceLeak { origin, blocks, occurrences, eligible, occurrence } => {
+        Evidence::ReferenceLeak { origin, blocks, occurrences, eligible, occurrence, made_at } => {
             let what = match origin {
                 LeakOrigin::TrainedForward => "outputs or intermediates of forward passes whose graphs a backward already freed, so no graph holds them",
                 LeakOrigin::NoGradForward => "outputs of forward passes run without grad, so no graph holds them",
@@ -150,12 +150,16 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
                     Occurrence::Call => "calls",
                 };
                 format!(
-                    "{} from {} of {} {} still allocated at the end: {what}; a reference outlives each {}. {tail}.",
+                    "{} from {} of {} {} still allocated at the end: {what}; a reference outlives each {}.{} {tail}.",
                     plural(*blocks, "block", "blocks"),
                     occurrences,
                     plural(*eligible as u64, occurrence.name(), many),
                     agree(*blocks, "is", "are"),
-                    occurrence.name()
+                    occurrence.name(),
+                    made_at.as_ref().map_or(String::new(), |m| format!(
+                        " The largest was made inside the model, at {}: what keeps it took it from what the call here returned, or the model's own code keeps it.",
+                        m.short()
+                    ))
                 )
             }
         }
@@ -309,6 +313,12 @@ pub fn cache_words(c: &AllocatorCache) -> Vec<String> {
                 format_bytes(c.pending_free_bytes, 2)
             ));
         }
+        if c.unlisted_bytes > 0 {
+            parts.push(format!(
+                "{} in no block the segment table lists (its blocks do not cover their segments, which the allocator's always do: the file was not written by PyTorch as it is)",
+                format_bytes(c.unlisted_bytes, 2)
+            ));
+        }
         out.push(format!(
             "At the dump {} is reserved and {} allocated: {} is the allocator's cache of freed blocks, kept for reuse (`nvidia-smi` and `memory_reserved()` count it, `memory_allocated()` does not), not live tensors: {}. `torch.cuda.empty_cache()` would return {} to the driver.",
             format_bytes(c.reserved, 2),
@@ -410,6 +420,7 @@ mod tests {
                 occurrences: eligible,
                 eligible,
                 occurrence,
+                made_at: None,
             },
             evidence: String::new(),
             advice: String::new(),

@@ -69,6 +69,11 @@ pub struct Thresholds {
     /// allocate at once (0.27 at most over the 130 real programs of `fixtures/`). Beyond a third,
     /// the cache held bytes in blocks that did not fit later requests.
     pub reserved_excess_share: f64,
+    /// ... and by at least this many bytes (32 MiB). A program that makes one request of each
+    /// size class keeps a partly used 2 MiB small segment and 20 MiB large segment per stream
+    /// as cache, so on a small program (a few MiB allocated) the share alone is granularity,
+    /// with no shape or phase to blame.
+    pub reserved_excess_min_bytes: u64,
 }
 
 impl Thresholds {
@@ -91,6 +96,7 @@ impl Thresholds {
         fragmentation_min_split_share: 0.3,
         fragmentation_max_allocated_share: 0.6,
         reserved_excess_share: 0.35,
+        reserved_excess_min_bytes: 32 << 20,
     };
 }
 

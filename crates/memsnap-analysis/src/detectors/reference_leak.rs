@@ -347,6 +347,18 @@ impl Detector for ReferenceLeak {
             } else {
                 cx.iteration_boundaries()
             };
+            // A kept output is named at the line that calls the model; the statement inside the
+            // model that made it may be what keeps it (`self.trace.append(h)` in the model's own
+            // forward), so it is said too.
+            let largest = cx.stacks.get(g.largest.1);
+            let made_at = match origin {
+                LeakOrigin::TrainedForward | LeakOrigin::NoGradForward | LeakOrigin::ReleasedGraphForward
+                    if line.is_some() && largest.forward_call == line && largest.site != line =>
+                {
+                    largest.site.map(|made| cx.site(made))
+                }
+                _ => None,
+            };
             let mut confidence = cx.growth_confidence(g.kept.len(), g.eligible.len());
             if origin == LeakOrigin::Unattributed {
                 confidence = confidence.min(cx.thresholds.state_only_confidence);
@@ -370,6 +382,7 @@ impl Detector for ReferenceLeak {
                     occurrences: g.kept.len(),
                     eligible: g.eligible.len(),
                     occurrence,
+                    made_at,
                 },
                 blocks: g.blocks,
             });
@@ -424,6 +437,7 @@ fn regrown(cx: &Context, reported: &BTreeSet<Option<FrameId>>) -> Vec<Finding> {
                 occurrences: iters.len(),
                 eligible,
                 occurrence: Occurrence::Iteration,
+                made_at: None,
             },
             blocks: chain,
         });
@@ -566,6 +580,7 @@ fn state_only(cx: &Context, origin: LeakOrigin) -> Vec<Finding> {
                 occurrences: blocks.len(),
                 eligible: blocks.len(),
                 occurrence: Occurrence::Iteration,
+                made_at: None,
             },
             blocks,
         })

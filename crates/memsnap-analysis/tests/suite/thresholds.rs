@@ -207,6 +207,13 @@ const CASES: &[Case] = &[
         |a| a.devices[0].cache.as_ref().and_then(|c| c.growth.as_ref()).is_some_and(|g| g.excess),
     ),
     (
+        "reserved_excess_min_bytes",
+        cache_does_not_fit,
+        default,
+        |t| t.reserved_excess_min_bytes = 1 << 30,
+        |a| a.devices[0].cache.as_ref().and_then(|c| c.growth.as_ref()).is_some_and(|g| g.excess),
+    ),
+    (
         "state_min_same_site_blocks",
         state_only_cache,
         default,
