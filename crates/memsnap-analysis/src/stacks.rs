@@ -4,6 +4,7 @@
 //! millions), then looked up per event.
 
 use memsnap_model::{classify_filename, FrameId, FrameKind, Snapshot, StackId};
+use rustc_hash::FxHashSet;
 
 /// Facts about one stack.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -19,10 +20,12 @@ pub struct StackInfo {
     pub module_call: Option<FrameId>,
     /// The user code inside the innermost `nn.Module` call is not the module's `forward` but a
     /// hook the module machinery ran (`register_forward_hook`, a forward pre-hook), or code such
-    /// a hook called: `Module.__call__` runs hooks and `forward` from the same frames
-    /// (`_call_impl` / its `inner`), so the called user function is told by its name, which is
-    /// `forward` for the module itself. What such code allocates (`out.clone()` in a debug hook)
-    /// is the hook's, not the model's, so its line is the user's own (`site`), not `module_call`.
+    /// a hook called: `Module.__call__` runs hooks and `forward` from the same functions
+    /// (`_call_impl` / its `inner`) but from different lines, so the called user function is the
+    /// module's forward when it is named `forward` or called from a line that calls `forward`
+    /// elsewhere in the file (a decorated or replaced forward: [`forward_callers`]). What a
+    /// hook allocates (`out.clone()` in a debug hook) is the hook's, not the model's, so its line
+    /// is the user's own (`site`), not `module_call`.
     pub in_module_hook: bool,
     /// The stack launches a backward pass (`torch.autograd.backward` / `_make_grads`); `site`
     /// is then the `.backward()` line.
@@ -73,7 +76,8 @@ pub struct StackTable {
 impl StackTable {
     pub fn new(snap: &Snapshot) -> StackTable {
         let frame_kinds: Vec<FrameKind> = snap.frames.iter().map(|f| classify_filename(snap.str(f.filename))).collect();
-        let infos = snap.stacks.iter().map(|s| info(snap, &frame_kinds, &s.frames)).collect();
+        let forward_callers = forward_callers(snap, &frame_kinds);
+        let infos = snap.stacks.iter().map(|s| info(snap, &frame_kinds, &forward_callers, &s.frames)).collect();
         let user_frames = snap
             .stacks
             .iter()
@@ -105,7 +109,37 @@ fn is_module_call(file: &str, name: &str) -> bool {
     file.ends_with("torch/nn/modules/module.py") && (name == "_call_impl" || name == "_wrapped_call_impl")
 }
 
-fn info(snap: &Snapshot, kinds: &[FrameKind], frames: &[FrameId]) -> StackInfo {
+fn in_module_machinery(snap: &Snapshot, f: FrameId) -> bool {
+    snap.str(snap.frame(f).filename).ends_with("torch/nn/modules/module.py")
+}
+
+/// The frames of `torch/nn/modules/module.py` (a function at a line: frames are interned by
+/// file, line and name) that call a module's `forward`. `Module.__call__` calls `forward` from
+/// one line of `_call_impl` (or of its nested `inner` when hooks are registered) and each kind of
+/// hook from lines of its own, so the line tells the two apart whatever the called function's
+/// name (a forward replaced by a decorated or monkeypatched function). Learned from the file:
+/// lines that call a function named `forward` (every library module's), so the rule follows the
+/// PyTorch version that wrote it.
+fn forward_callers(snap: &Snapshot, kinds: &[FrameKind]) -> FxHashSet<FrameId> {
+    let mut callers = FxHashSet::default();
+    let mut seen = FxHashSet::default();
+    for s in &snap.stacks {
+        let mut python = s.frames.iter().copied().filter(|f| kinds[f.0 as usize] != FrameKind::Native).peekable();
+        while let Some(f) = python.next() {
+            let Some(&outer) = python.peek() else { break };
+            if seen.insert((f, outer))
+                && snap.str(snap.frame(f).name) == "forward"
+                && !in_module_machinery(snap, f)
+                && in_module_machinery(snap, outer)
+            {
+                callers.insert(outer);
+            }
+        }
+    }
+    callers
+}
+
+fn info(snap: &Snapshot, kinds: &[FrameKind], forward_callers: &FxHashSet<FrameId>, frames: &[FrameId]) -> StackInfo {
     let mut s = StackInfo::default();
     // Frames are innermost first.
     let mut outermost_module: Option<usize> = None;
@@ -191,13 +225,17 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], frames: &[FrameId]) -> StackInfo {
     if let Some(i) = innermost_module {
         s.module_call = caller_user(i);
         // The Python function the module machinery called: the first frame inside the
-        // innermost module call that is neither native nor `torch/nn/modules/module.py` itself.
-        let called = frames[..i].iter().rev().copied().find(|&f| {
-            kinds[f.0 as usize] != FrameKind::Native
-                && !snap.str(snap.frame(f).filename).ends_with("torch/nn/modules/module.py")
+        // innermost module call that is neither native nor `torch/nn/modules/module.py` itself,
+        // and the machinery's frame that called it.
+        let python: Vec<FrameId> =
+            frames[..=i].iter().copied().filter(|f| kinds[f.0 as usize] != FrameKind::Native).collect();
+        let at = python.iter().rposition(|&f| !in_module_machinery(snap, f));
+        s.in_module_hook = at.is_some_and(|k| {
+            let (called, caller) = (python[k], python.get(k + 1).copied());
+            kinds[called.0 as usize] == FrameKind::User
+                && snap.str(snap.frame(called).name) != "forward"
+                && !caller.is_some_and(|c| forward_callers.contains(&c))
         });
-        s.in_module_hook =
-            called.is_some_and(|f| kinds[f.0 as usize] == FrameKind::User && snap.str(snap.frame(f).name) != "forward");
     }
     s
 }

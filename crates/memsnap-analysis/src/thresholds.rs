@@ -36,6 +36,14 @@ pub struct Thresholds {
     /// Share of the occurrences that allocated at a site which must leave memory behind for it to
     /// be growth (0.5): a cache that keeps one entry in ten is bounded by its policy, not leaking.
     pub leak_occurrence_share: f64,
+    /// Share of the occurrences from the first that kept memory on which a site whose kept
+    /// tensors nothing ever let go must keep some (0.2), for it to be growth though it keeps in
+    /// fewer than `leak_occurrence_share` of all: a leak that starts after a warm-up, or keeps
+    /// one step in a few (`if step % 3 == 0: samples.append(pred)`). A cache bounded by its
+    /// policy lets entries go (evicts), which these never do; the kept occurrences must also go
+    /// on to the end of the trace (no longer gap after the last than between two), so a set
+    /// filled once and then left (the first batches kept as a fixed sample) is not growth.
+    pub unevicted_leak_share: f64,
     /// Units whose graphs must still be alive two passes later before a kept graph is reported
     /// (2). Rebinding a variable (`loss = ...`) keeps at most one previous graph alive at a time.
     pub min_held_graphs: usize,
@@ -86,6 +94,7 @@ impl Thresholds {
         min_peak_share: 0.05,
         min_leak_occurrences: 3,
         leak_occurrence_share: 0.5,
+        unevicted_leak_share: 0.2,
         min_held_graphs: 2,
         scalar_root_bytes: 512,
         min_gradients_per_step: 2,

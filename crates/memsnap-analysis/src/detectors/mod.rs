@@ -284,6 +284,30 @@ impl Context<'_> {
             && kept as f64 >= self.thresholds.leak_occurrence_share * eligible.max(1) as f64
     }
 
+    /// Growth of a site none of whose kept tensors was ever let go (see
+    /// [`Thresholds::unevicted_leak_share`]): `kept` and `eligible` are distinct, ascending
+    /// occurrences. At least `min_leak_occurrences` kept, in at least that share of the eligible
+    /// occurrences from the first kept one on, and the kept occurrences go on to the end: no more
+    /// eligible occurrences after the last kept one than between two kept ones. The last eligible
+    /// occurrence is left out: when the snapshot is dumped the loop's variables still hold what
+    /// it made (`x`, `out` of the final step), which says nothing about keeping.
+    ///
+    /// [`Thresholds::unevicted_leak_share`]: crate::Thresholds
+    pub fn is_unevicted_growth(&self, kept: &[usize], eligible: &[usize]) -> bool {
+        let Some((&final_occurrence, eligible)) = eligible.split_last() else { return false };
+        let kept = &kept[..kept.partition_point(|&k| k < final_occurrence)];
+        let (Some(&first), Some(&last)) = (kept.first(), kept.last()) else { return false };
+        if kept.len() < self.thresholds.min_leak_occurrences {
+            return false;
+        }
+        // Eligible occurrences strictly between two positions.
+        let between = |a: usize, b: usize| eligible.partition_point(|&e| e < b) - eligible.partition_point(|&e| e <= a);
+        let from_first = eligible.len() - eligible.partition_point(|&e| e < first);
+        let after_last = eligible.len() - eligible.partition_point(|&e| e <= last);
+        let widest_gap = kept.windows(2).map(|w| between(w[0], w[1])).max().unwrap_or(0);
+        kept.len() as f64 >= self.thresholds.unevicted_leak_share * from_first as f64 && after_last <= widest_gap
+    }
+
     /// Kept backward-allocated blocks, grouped by backward line, with whether they look like
     /// parameter gradients: one per parameter each step, so at least
     /// `min_gradients_per_step` blocks per step of two or more parameter sizes, at least half of

@@ -58,6 +58,9 @@ struct Group {
     eligible: Vec<usize>,
     largest: (u64, StackId),
     pass_occurrences: bool,
+    /// A block of the site that was not kept lived on past the end of the occurrence after its
+    /// own, then was let go: something held it and then evicted it (a bounded cache, a queue).
+    evicted: bool,
 }
 
 /// Push `x` unless it is the last element already.
@@ -94,12 +97,23 @@ impl Groups {
     }
 
     /// Add block `bi` of `size` bytes, allocated in occurrence `occ`; `kept`: still allocated
-    /// where it should have been let go.
+    /// where it should have been let go; `evicted`: see [`Group::evicted`].
     #[allow(clippy::too_many_arguments)]
-    fn add(&mut self, key: Key, bi: usize, size: u64, occ: usize, kept: bool, pass: bool, stack: StackId) {
+    fn add(
+        &mut self,
+        key: Key,
+        bi: usize,
+        size: u64,
+        occ: usize,
+        kept: bool,
+        evicted: bool,
+        pass: bool,
+        stack: StackId,
+    ) {
         let g = self.get(key);
         push_new(&mut g.eligible, occ);
         g.pass_occurrences = pass;
+        g.evicted |= evicted;
         if kept {
             push_new(&mut g.kept, occ);
             g.blocks.push(bi);
@@ -120,6 +134,7 @@ impl Groups {
                 g.largest = l.largest;
             }
             g.pass_occurrences = l.pass_occurrences;
+            g.evicted |= l.evicted;
         }
         self
     }
@@ -164,6 +179,17 @@ impl Detector for ReferenceLeak {
         // Kept only because a retained graph that a reference holds keeps them: its inputs, what
         // its create_graph backward saved, their gradients (`Context::held_by_retained_graph`).
         let held = cx.held_by_retained_graph();
+        // Freed at or after the start of the second occurrence after `occ` (a unit, or an
+        // iteration): a rebound variable lets its tensor go in the next occurrence, an evicting
+        // cache or queue later.
+        let evicted_after = |freed: Option<u32>, occ: usize, pass: bool| {
+            let start = if pass {
+                lc.units.get(occ + 2).map(|u| u.span.start)
+            } else {
+                cx.phases.boundaries.get(occ + 2).copied()
+            };
+            freed.zip(start).is_some_and(|(f, s)| f >= s)
+        };
         // Blocks are grouped in parallel runs merged in order, so every group lists its blocks in
         // the order of a sequential pass: forward passes' blocks first, then the others.
         // Forward passes whose graphs no longer hold their tensors (and, per call, those of
@@ -221,6 +247,7 @@ impl Detector for ReferenceLeak {
                             },
                         };
                         let kept = ub.fate == BlockFate::Kept;
+                        let evicted = !kept && evicted_after(b.freed_at(), occ, pass);
                         if kept && origin == Origin::Trained && held[ub.block].is_some() {
                             continue;
                         }
@@ -228,9 +255,18 @@ impl Detector for ReferenceLeak {
                         // outside the module calls (the batch, a mask): not forward outputs. The
                         // occurrence is the iteration either way, as for user code elsewhere.
                         let origin = if origin == Origin::Trained && !ub.in_pass { Origin::User } else { origin };
-                        groups.add(Key::Line(line, origin), ub.block, b.size, occ, kept, pass, stack);
+                        groups.add(Key::Line(line, origin), ub.block, b.size, occ, kept, evicted, pass, stack);
                         if origin == Origin::NoGrad {
-                            per_call.add(Key::Line(line, origin), ub.block, b.size, calls[u], kept, false, stack);
+                            per_call.add(
+                                Key::Line(line, origin),
+                                ub.block,
+                                b.size,
+                                calls[u],
+                                kept,
+                                evicted,
+                                false,
+                                stack,
+                            );
                         }
                     }
                     (groups, per_call)
@@ -269,7 +305,8 @@ impl Detector for ReferenceLeak {
                     Attr::NoFrames => Key::Unattributed,
                     _ => return groups,
                 };
-                groups.add(key, bi, b.size, it, b.freed_at().is_none(), false, stack);
+                let kept = b.freed_at().is_none();
+                groups.add(key, bi, b.size, it, kept, !kept && evicted_after(b.freed_at(), it, false), false, stack);
                 groups
             })
             .reduce(Groups::default, Groups::then);
@@ -287,11 +324,20 @@ impl Detector for ReferenceLeak {
             }
         }
 
+        // Growth: kept in a large enough share of the occurrences; or, for tensors of forward
+        // passes and of user code, none of which was ever let go, kept on to the end of the
+        // trace (a leak that starts after a warm-up, or keeps one step in a few).
+        let grows = |key: &Key, g: &Group| {
+            cx.is_growth(g.kept.len(), g.eligible.len())
+                || matches!(key, Key::Line(_, Origin::Trained | Origin::NoGrad | Origin::GraphReleased | Origin::User))
+                    && !g.evicted
+                    && cx.is_unevicted_growth(&g.kept, &g.eligible)
+        };
         // Per-call counts replace per-pass counts where only they show repetition.
         let mut call_keys: BTreeSet<Key> = BTreeSet::new();
         for (key, pc) in per_call.finish() {
             let passes = groups.get(&key);
-            let pass_growth = passes.is_some_and(|g| cx.is_growth(g.kept.len(), g.eligible.len()));
+            let pass_growth = passes.is_some_and(|g| grows(&key, g));
             if !pass_growth && pc.eligible.len() < lc.units.len() && cx.is_growth(pc.kept.len(), pc.eligible.len()) {
                 groups.insert(key, pc);
                 call_keys.insert(key);
@@ -302,14 +348,14 @@ impl Detector for ReferenceLeak {
         let mut reported: BTreeSet<Option<FrameId>> = BTreeSet::new();
         for (key, g) in &groups {
             if let Key::Line(l, _) = key {
-                if cx.is_growth(g.kept.len(), g.eligible.len()) {
+                if grows(key, g) {
                     reported.insert(*l);
                 }
             }
         }
         out.extend(regrown(cx, &reported));
         for (key, g) in groups {
-            if !cx.is_growth(g.kept.len(), g.eligible.len()) {
+            if !grows(&key, &g) {
                 continue;
             }
             let (line, origin) = match key {
@@ -346,6 +392,19 @@ impl Detector for ReferenceLeak {
                 lc.units.iter().filter(|u| g.eligible.binary_search(&u.pass).is_ok()).map(|u| u.span.start).collect()
             } else {
                 cx.iteration_boundaries()
+            };
+            // Growth that starts late (only the rule for tensors never let go found it) is
+            // measured from the first occurrence that kept memory: before it the site kept none.
+            let boundaries: Vec<u32> = match g.kept.first() {
+                Some(&first) if !call_keys.contains(&key) && !cx.is_growth(g.kept.len(), g.eligible.len()) => {
+                    let from = if g.pass_occurrences {
+                        lc.units.get(first).map(|u| u.span.start)
+                    } else {
+                        cx.phases.boundaries.get(first).copied()
+                    };
+                    boundaries.into_iter().filter(|&b| from.is_none_or(|f| b >= f)).collect()
+                }
+                _ => boundaries,
             };
             // A kept output is named at the line that calls the model; the statement inside the
             // model that made it may be what keeps it (`self.trace.append(h)` in the model's own

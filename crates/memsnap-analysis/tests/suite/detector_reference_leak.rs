@@ -155,3 +155,71 @@ fn reference_leak_near_miss_user_line_tensor_replaced_next_step() {
     train(&mut p, Train { clone: Keep::OneStep, ..Train::default() });
     assert_no_suspects(&analyze_snapshot(&p.t.finish()));
 }
+
+/// A leak that starts after a warm-up: the copy at line 22 is made every step but kept only
+/// from step 10 of 16 on, a minority of the steps; none of the kept copies is ever let go, and
+/// they go on to the end. Growth is measured from the first kept step.
+#[test]
+fn reference_leak_kept_only_after_a_warm_up() {
+    let mut p = Program::new(2);
+    let steps = train(&mut p, Train { steps: 16, clone: Keep::From(10), ..Train::default() });
+    let a = analyze_snapshot(&p.t.finish());
+    let s = the_one(&a, SuspectKind::ReferenceLeak);
+    assert_site(&s, TRAIN, 22, &a);
+    assert_eq!(s.bytes, 6 * steps.logits_bytes, "{}", describe(&a));
+    assert_eq!(s.growth_bytes_per_iteration, Some(steps.logits_bytes), "{}", describe(&a));
+}
+
+/// A slow leak: a copy kept every third step (6 of 16 steps), never let go.
+#[test]
+fn reference_leak_kept_every_third_step() {
+    let mut p = Program::new(2);
+    let steps = train(&mut p, Train { steps: 16, clone: Keep::Every(3), ..Train::default() });
+    let a = analyze_snapshot(&p.t.finish());
+    let s = the_one(&a, SuspectKind::ReferenceLeak);
+    assert_site(&s, TRAIN, 22, &a);
+    assert_eq!(s.bytes, 6 * steps.logits_bytes, "{}", describe(&a));
+}
+
+/// Near miss: the copies of the first 4 steps are kept as a fixed sample, and then none: the
+/// set stopped growing 12 steps before the end. The last step's copy is alive at the dump too
+/// (the loop's variable), as in every real loop (p09).
+#[test]
+fn reference_leak_near_miss_first_steps_kept_as_a_fixed_sample() {
+    let mut p = Program::new(2);
+    train(&mut p, Train { steps: 16, clone: Keep::FirstN(4), ..Train::default() });
+    assert_no_suspects(&analyze_snapshot(&p.t.finish()));
+}
+
+/// Near miss: a cache of the last 4 copies. At the dump the last 4 steps' copies are alive, as
+/// after a late-starting leak, but the cache let the older ones go 4 steps after they were made:
+/// bounded by its policy.
+#[test]
+fn reference_leak_near_miss_bounded_cache_evicts() {
+    let mut p = Program::new(2);
+    train(&mut p, Train { steps: 16, clone: Keep::Lru(4), ..Train::default() });
+    assert_no_suspects(&analyze_snapshot(&p.t.finish()));
+}
+
+/// A model whose `forward` is wrapped by the user's decorator (the frame inside the module call
+/// is `wrapper`, not `forward`) and makes its output in that frame itself (a head tied to the
+/// embedding: `F.linear(h, self.wte.weight)`). `_call_impl` calls it from the line it calls every
+/// other module's `forward` from, so it is the model's forward, not a hook: the kept output is
+/// named where the model is called, as for an undecorated model.
+#[test]
+fn reference_leak_decorated_forward_output_named_at_the_call() {
+    let mut p = Program::new(2);
+    let mut kept = Vec::new();
+    for _ in 0..6 {
+        let x = p.batch(&[top(15)]);
+        let pass = p.forward(&[top(16)], Grad::NoGrad, false);
+        let head =
+            chain(&[&[(common::program::FUNCTIONAL, 2380, "linear"), (MODEL, 44, "wrapper"), CALL, WRAP, top(16)]]);
+        kept.push(p.t.alloc(2 * p.act, &head));
+        p.t.free(pass.logits, &[top(23)]);
+        p.t.free(x, &[top(23)]);
+    }
+    let a = analyze_snapshot(&p.t.finish());
+    let s = the_one(&a, SuspectKind::ReferenceLeak);
+    assert_site(&s, TRAIN, 16, &a);
+}

@@ -72,6 +72,22 @@ fn holes() -> Snapshot {
 
 /// Two 40 MiB tensors freed, then a 60 MiB one that neither cached block can take: reserved
 /// peaks 43% above the allocated peak.
+/// A copy kept every third step of 16 (`if step % 3 == 0: samples.append(...)`), never let go.
+fn clone_kept_every_third_step() -> Snapshot {
+    let mut p = Program::new(2);
+    train(&mut p, Train { steps: 16, clone: Keep::Every(3), ..Train::default() });
+    p.t.finish()
+}
+
+/// A cache of the last 12 copies over 16 steps: it evicts (so only the share of steps that kept
+/// a copy, 12 of 16, can make it growth), and within a trace shorter than its capacity a cache
+/// cannot be told from a leak.
+fn clone_cached_12_of_16() -> Snapshot {
+    let mut p = Program::new(2);
+    train(&mut p, Train { steps: 16, clone: Keep::Lru(12), ..Train::default() });
+    p.t.finish()
+}
+
 fn cache_does_not_fit() -> Snapshot {
     freed_then(&[40 * MIB, 40 * MIB], 60 * MIB)
 }
@@ -152,9 +168,16 @@ const CASES: &[Case] = &[
     ),
     (
         "leak_occurrence_share",
-        clone_kept,
+        clone_cached_12_of_16,
         default,
         |t| t.leak_occurrence_share = 1.5,
+        |a| has(a, SuspectKind::ReferenceLeak, Severity::Leak),
+    ),
+    (
+        "unevicted_leak_share",
+        clone_kept_every_third_step,
+        default,
+        |t| t.unevicted_leak_share = 0.5,
         |a| has(a, SuspectKind::ReferenceLeak, Severity::Leak),
     ),
     (

@@ -119,6 +119,18 @@ pub enum Keep {
     OneStep,
     /// Kept for good (appended to a list).
     Forever,
+    /// Kept for good from this step on (a leak that starts after a warm-up); before it, freed
+    /// in the same step.
+    From(usize),
+    /// Kept for good every n-th step (`if step % n == 0: samples.append(...)`); otherwise freed
+    /// in the same step.
+    Every(usize),
+    /// Kept for good in the first n steps only (a fixed sample); afterwards freed in the same step.
+    /// With `From`, `Every` and `FirstN` the last step's copy is never freed: at the dump the
+    /// loop's variable still holds it.
+    FirstN(usize),
+    /// Kept in a bounded cache of n entries: the oldest is let go when a new one comes.
+    Lru(usize),
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -169,7 +181,8 @@ pub fn train(p: &mut Program, o: Train) -> Steps {
     let mut out = Steps::default();
     let mut hooked: Vec<Blk> = Vec::new();
     let mut last_clone: Option<Blk> = None;
-    for _ in 0..o.steps {
+    let mut cache: std::collections::VecDeque<Blk> = Default::default();
+    for step in 0..o.steps {
         if o.zero_at_start {
             p.zero_grad(&[top(14)], o.zero);
         }
@@ -200,10 +213,29 @@ pub fn train(p: &mut Program, o: Train) -> Steps {
         // 22: a detached copy of the logits.
         if o.clone != Keep::No {
             let c = p.t.alloc(2 * p.act, &[top(22)]);
-            if o.clone == Keep::OneStep {
-                if let Some(prev) = last_clone.replace(c) {
-                    p.t.free(prev, &[top(22)]);
+            let kept = match o.clone {
+                Keep::From(k) => step >= k,
+                Keep::Every(n) => step % n == 0,
+                Keep::FirstN(n) => step < n,
+                _ => true,
+            };
+            match o.clone {
+                // The last step's copy is still held by the loop's variable at the dump.
+                _ if !kept && step + 1 < o.steps => p.t.free(c, &[top(22)]),
+                _ if !kept => {}
+                Keep::OneStep => {
+                    if let Some(prev) = last_clone.replace(c) {
+                        p.t.free(prev, &[top(22)]);
+                    }
                 }
+                Keep::Lru(n) => {
+                    cache.push_back(c);
+                    if cache.len() > n {
+                        let oldest = cache.pop_front().unwrap();
+                        p.t.free(oldest, &[top(22)]);
+                    }
+                }
+                _ => {}
             }
         }
         // 23: del x, logits, loss. A kept loss keeps a retained graph (and x, saved by the
