@@ -301,7 +301,9 @@ impl Context<'_> {
             return false;
         }
         // Eligible occurrences strictly between two positions.
-        let between = |a: usize, b: usize| eligible.partition_point(|&e| e < b) - eligible.partition_point(|&e| e <= a);
+        let between = |a: usize, b: usize| {
+            eligible.partition_point(|&e| e < b).saturating_sub(eligible.partition_point(|&e| e <= a))
+        };
         let from_first = eligible.len() - eligible.partition_point(|&e| e < first);
         let after_last = eligible.len() - eligible.partition_point(|&e| e <= last);
         let widest_gap = kept.windows(2).map(|w| between(w[0], w[1])).max().unwrap_or(0);
