@@ -648,3 +648,27 @@ fn late_periodic_and_decorated_forward_leaks_are_named_at_the_call() {
         assert_eq!(leaks[0]["growth_bytes_per_iteration"].as_u64(), growth, "{prefix}:{}", describe(&out));
     }
 }
+
+/// Gradients held through passes without grad: an evaluation between epochs (p04: 3 windows in 9
+/// iterations) is called one; no-grad passes the step itself runs, once per iteration (p05: a
+/// DQN's acting forward), are said to be that (`facts.hold.every_step`).
+#[test]
+fn gradients_held_through_no_grad_passes_say_whether_each_step_runs_them() {
+    for (prefix, every_step, words) in
+        [("p04_", false, "When evaluation began"), ("p05_", true, "When the passes without grad that each step runs")]
+    {
+        let path = files_in(&fixture("extra8"), |n| n.starts_with(prefix) && n.ends_with(".pickle.xz"))
+            .pop()
+            .unwrap_or_else(|| panic!("extra8/{prefix}*"));
+        let out = analyze(&path);
+        let waste = of_kind(&out, "unreleased_gradient");
+        assert!(waste.len() == 1 && waste[0]["severity"] == "waste", "{prefix}:{}", describe(&out));
+        let hold = &waste[0]["facts"]["hold"];
+        assert_eq!(hold["through_evaluation"]["every_step"], every_step, "{prefix}: {hold}");
+        assert!(
+            waste[0]["evidence"].as_str().is_some_and(|e| e.starts_with(words)),
+            "{prefix}: {}",
+            waste[0]["evidence"]
+        );
+    }
+}

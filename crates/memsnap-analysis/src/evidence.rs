@@ -159,8 +159,10 @@ pub enum LeakOrigin {
 pub enum GradientHold {
     /// New gradients of every step kept (references to `.grad` stored, then `zero_grad`).
     KeptEachStep { blocks_per_step: u64, distinct_sizes: usize },
-    /// The last step's gradients stay allocated through an evaluation window.
-    ThroughEvaluation { window_start: u32, passes: usize, share_of_allocated: f64 },
+    /// The last step's gradients stay allocated through an evaluation window. `every_step`: such
+    /// windows come about once per iteration (no-grad passes the step itself runs: acting in
+    /// reinforcement learning, a teacher, a target network, an evaluation every step).
+    ThroughEvaluation { window_start: u32, passes: usize, share_of_allocated: f64, every_step: bool },
 }
 
 /// Why an OOM happened.

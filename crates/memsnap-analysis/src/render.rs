@@ -172,14 +172,21 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
                 plural(*distinct_sizes as u64, "parameter size", "parameter sizes"),
                 agree(*blocks, "is", "are")
             ),
-            GradientHold::ThroughEvaluation { window_start, passes, share_of_allocated } => format!(
-                "When evaluation began (event {}, {} without backward), {} of parameter sizes from the backward pass at {} {} still allocated ({:.0}% of allocated memory): gradients held through a phase that never uses them. {tail}.",
+            GradientHold::ThroughEvaluation { window_start, passes, share_of_allocated, every_step } => format!(
+                "When {} began (event {}, {} without backward), {} of parameter sizes from the backward pass at {} {} still allocated ({:.0}% of allocated memory): gradients held through {} that never {} them. {tail}.",
+                if *every_step {
+                    "the passes without grad that each step runs (acting, a teacher or target network, an evaluation every step)"
+                } else {
+                    "evaluation"
+                },
                 window_start,
                 forward_passes(*passes),
                 plural(*blocks, "block", "blocks"),
                 site(backward_line),
                 agree(*blocks, "was", "were"),
-                100.0 * share_of_allocated
+                100.0 * share_of_allocated,
+                if *every_step { "passes" } else { "a phase" },
+                if *every_step { "use" } else { "uses" }
             ) + &released_at.as_ref().map_or(String::new(), |r| {
                 format!(" {} freed only later, by {}.", agree(*blocks, "It was", "They were"), r.short())
             }),

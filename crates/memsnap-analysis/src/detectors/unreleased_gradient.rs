@@ -69,6 +69,15 @@ impl Detector for UnreleasedGradient {
     }
 }
 
+/// Do the windows of passes without backward come about once per iteration (at least one per
+/// iteration but the last, with 3 iterations or more)? Then they are passes the training step
+/// itself runs without grad, not an evaluation phase between epochs.
+fn every_step(cx: &Context) -> bool {
+    let iterations = cx.phases.iteration_count();
+    let windows = cx.phases.eval_windows.len();
+    iterations >= 3 && windows + 1 >= iterations
+}
+
 /// Gradients alive at the start of the evaluation window (among the first 64) where they held the
 /// most bytes.
 fn through_evaluation(cx: &Context, leak_lines: &[Option<FrameId>]) -> Option<Finding> {
@@ -140,7 +149,12 @@ fn through_evaluation(cx: &Context, leak_lines: &[Option<FrameId>]) -> Option<Fi
         site: released.map(|r| r.0).or(line).map(|f| cx.site(f)),
         stack: released.map_or_else(|| cx.backward_stack(line), |r| r.1),
         facts: Evidence::UnreleasedGradient {
-            hold: GradientHold::ThroughEvaluation { window_start: w.start, passes, share_of_allocated: share },
+            hold: GradientHold::ThroughEvaluation {
+                window_start: w.start,
+                passes,
+                share_of_allocated: share,
+                every_step: every_step(cx),
+            },
             blocks: blocks.len() as u64,
             backward_line: line.map(|f| cx.site(f)),
             released_at: released.map(|r| cx.site(r.0)),
