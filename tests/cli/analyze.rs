@@ -626,14 +626,19 @@ fn kept_outputs_of_a_model_returning_logits_and_loss_are_named_at_the_call() {
 /// Leaks in shapes the whole-trace share missed or misplaced (fixtures/extra8, real runs): one
 /// that starts after a warm-up (kept in 6 of 16 steps, growth measured from the first kept step:
 /// 2 MiB per step, as the live process grew), one that keeps one step in three (recorded with
-/// `stacks="python"` and with `stacks="all"`), and the kept
+/// `stacks="python"` and with `stacks="all"`), an inference service that caches results after 16
+/// of 24 requests (growth per pass from where the keeping resumed: 1 MiB), and the kept
 /// output of a model whose `forward` is decorated (a frame named `wrapper`, told from a hook by
 /// the line of `_call_impl` that called it). Each is named at the line that runs the model.
 #[test]
 fn late_periodic_and_decorated_forward_leaks_are_named_at_the_call() {
-    for (prefix, line, growth) in
-        [("p07_", 38, Some(2 << 20)), ("p08_", 34, None), ("p13_", 34, None), ("p06_", 54, Some(4 << 20))]
-    {
+    for (prefix, line, growth) in [
+        ("p07_", 38, Some(2 << 20)),
+        ("p08_", 34, None),
+        ("p13_", 34, None),
+        ("p14_", 21, Some(1 << 20)),
+        ("p06_", 54, Some(4 << 20)),
+    ] {
         let path = files_in(&fixture("extra8"), |n| n.starts_with(prefix) && n.ends_with(".pickle.xz"))
             .pop()
             .unwrap_or_else(|| panic!("extra8/{prefix}*"));

@@ -123,6 +123,11 @@ pub struct Measured {
     pub peak_without: Option<u64>,
 }
 
+/// How many of `eligible` (ascending) lie strictly between occurrences `a` and `b`.
+pub fn occurrences_between(eligible: &[usize], a: usize, b: usize) -> usize {
+    eligible.partition_point(|&e| e < b).saturating_sub(eligible.partition_point(|&e| e <= a))
+}
+
 /// Measure a set of blocks against the device's series.
 pub fn measure(cx: &Context, blocks: &[usize], boundaries: &[u32]) -> Measured {
     let d = cx.replay;
@@ -300,13 +305,9 @@ impl Context<'_> {
         if kept.len() < self.thresholds.min_leak_occurrences {
             return false;
         }
-        // Eligible occurrences strictly between two positions.
-        let between = |a: usize, b: usize| {
-            eligible.partition_point(|&e| e < b).saturating_sub(eligible.partition_point(|&e| e <= a))
-        };
         let from_first = eligible.len() - eligible.partition_point(|&e| e < first);
         let after_last = eligible.len() - eligible.partition_point(|&e| e <= last);
-        let widest_gap = kept.windows(2).map(|w| between(w[0], w[1])).max().unwrap_or(0);
+        let widest_gap = kept.windows(2).map(|w| occurrences_between(eligible, w[0], w[1])).max().unwrap_or(0);
         kept.len() as f64 >= self.thresholds.unevicted_leak_share * from_first as f64 && after_last <= widest_gap
     }
 

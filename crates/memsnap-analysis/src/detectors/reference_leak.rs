@@ -394,9 +394,11 @@ impl Detector for ReferenceLeak {
                 cx.iteration_boundaries()
             };
             // Growth that starts late (only the rule for tensors never let go found it) is
-            // measured from the first occurrence that kept memory: before it the site kept none.
-            let boundaries: Vec<u32> = match g.kept.first() {
-                Some(&first) if !call_keys.contains(&key) && !cx.is_growth(g.kept.len(), g.eligible.len()) => {
+            // measured from where the keeping that goes on to the end began: the first kept
+            // occurrence after the longest pause between two (a block kept once at the start, then
+            // nothing until a warm-up ended), else the first kept one.
+            let boundaries: Vec<u32> = match resumed_after_longest_pause(&g.kept, &g.eligible) {
+                Some(first) if !call_keys.contains(&key) && !cx.is_growth(g.kept.len(), g.eligible.len()) => {
                     let from = if g.pass_occurrences {
                         lc.units.get(first).map(|u| u.span.start)
                     } else {
@@ -448,6 +450,20 @@ impl Detector for ReferenceLeak {
         }
         out
     }
+}
+
+/// The kept occurrence that follows the longest run of eligible occurrences that kept nothing
+/// (the first such run when several are as long), or the first kept one when no such run exists:
+/// `kept` and `eligible` ascending and distinct.
+fn resumed_after_longest_pause(kept: &[usize], eligible: &[usize]) -> Option<usize> {
+    let mut best = (0, *kept.first()?);
+    for w in kept.windows(2) {
+        let p = super::occurrences_between(eligible, w[0], w[1]);
+        if p > best.0 {
+            best = (p, w[1]);
+        }
+    }
+    Some(best.1)
 }
 
 /// Tensors re-made larger from their previous version, iteration after iteration, and never
