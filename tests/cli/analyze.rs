@@ -30,6 +30,13 @@ fn all_fixtures() -> Vec<PathBuf> {
     v
 }
 
+/// The one `.pickle.xz` of fixture folder `dir` whose name starts with `prefix`.
+fn fixture_with_prefix(dir: &str, prefix: &str) -> PathBuf {
+    files_in(&fixture(dir), |n| n.starts_with(prefix) && n.ends_with(".pickle.xz"))
+        .pop()
+        .unwrap_or_else(|| panic!("no {dir}/{prefix}*.pickle.xz"))
+}
+
 /// `s01_clean_train` for `.../s01_clean_train.pickle.xz`; `cpp_pickler.cpp` keeps its `.cpp`.
 fn stem(path: &Path) -> String {
     let name = path.file_name().unwrap().to_str().unwrap();
@@ -598,9 +605,7 @@ fn kept_outputs_of_a_model_returning_logits_and_loss_are_named_at_the_call() {
         ("extra7", "t12_", 41, ("vcommon.py", 65)),
         ("extra6", "u08_", 28, ("vcommon.py", 65)),
     ] {
-        let path = files_in(&fixture(dir), |n| n.starts_with(prefix) && n.ends_with(".pickle.xz"))
-            .pop()
-            .unwrap_or_else(|| panic!("{dir}/{prefix}*"));
+        let path = fixture_with_prefix(dir, prefix);
         let script = format!("{}.py", stem(&path));
         let out = analyze(&path);
         let leaks = of_kind(&out, "reference_leak");
@@ -639,9 +644,7 @@ fn late_periodic_and_decorated_forward_leaks_are_named_at_the_call() {
         ("p14_", 21, Some(1 << 20)),
         ("p06_", 54, Some(4 << 20)),
     ] {
-        let path = files_in(&fixture("extra8"), |n| n.starts_with(prefix) && n.ends_with(".pickle.xz"))
-            .pop()
-            .unwrap_or_else(|| panic!("extra8/{prefix}*"));
+        let path = fixture_with_prefix("extra8", prefix);
         let script = format!("{}.py", stem(&path));
         let out = analyze(&path);
         let leaks = of_kind(&out, "reference_leak");
@@ -662,9 +665,7 @@ fn gradients_held_through_no_grad_passes_say_whether_each_step_runs_them() {
     for (prefix, every_step, words) in
         [("p04_", false, "When evaluation began"), ("p05_", true, "When the passes without grad that each step runs")]
     {
-        let path = files_in(&fixture("extra8"), |n| n.starts_with(prefix) && n.ends_with(".pickle.xz"))
-            .pop()
-            .unwrap_or_else(|| panic!("extra8/{prefix}*"));
+        let path = fixture_with_prefix("extra8", prefix);
         let out = analyze(&path);
         let waste = of_kind(&out, "unreleased_gradient");
         assert!(waste.len() == 1 && waste[0]["severity"] == "waste", "{prefix}:{}", describe(&out));

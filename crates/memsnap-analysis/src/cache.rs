@@ -140,17 +140,21 @@ pub fn cache_at_dump<'a>(segments: impl IntoIterator<Item = &'a Segment>) -> All
     for seg in segments {
         c.reserved = c.reserved.saturating_add(seg.total_size);
         c.expandable |= seg.is_expandable;
-        let free: u64 = seg.blocks.iter().filter(|b| b.state == BlockState::Inactive).map(|b| b.size).sum();
+        // One pass over the segment's blocks: its free bytes, all its listed bytes, whether it
+        // holds an allocated block; the device's allocated and pending-free bytes.
+        let (mut free, mut listed, mut holds_block) = (0u64, 0u64, false);
         for b in &seg.blocks {
+            listed = listed.saturating_add(b.size);
             match b.state {
-                BlockState::Allocated => c.allocated = c.allocated.saturating_add(b.size),
+                BlockState::Allocated => {
+                    c.allocated = c.allocated.saturating_add(b.size);
+                    holds_block = true;
+                }
                 BlockState::PendingFree => c.pending_free_bytes = c.pending_free_bytes.saturating_add(b.size),
-                BlockState::Inactive => {}
+                BlockState::Inactive => free = free.saturating_add(b.size),
             }
         }
-        let listed = seg.blocks.iter().fold(0u64, |n, b| n.saturating_add(b.size));
         c.unlisted_bytes = c.unlisted_bytes.saturating_add(seg.total_size.saturating_sub(listed));
-        let holds_block = seg.blocks.iter().any(|b| b.state == BlockState::Allocated);
         if seg.is_expandable && !seg.is_private_pool() {
             c.expandable_unmappable_bytes = c.expandable_unmappable_bytes.saturating_add(unmappable(seg));
         }

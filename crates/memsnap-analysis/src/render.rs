@@ -172,24 +172,28 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
                 plural(*distinct_sizes as u64, "parameter size", "parameter sizes"),
                 agree(*blocks, "is", "are")
             ),
-            GradientHold::ThroughEvaluation { window_start, passes, share_of_allocated, every_step } => format!(
-                "When {} began (event {}, {} without backward), {} of parameter sizes from the backward pass at {} {} still allocated ({:.0}% of allocated memory): gradients held through {} that never {} them. {tail}.",
-                if *every_step {
-                    "the passes without grad that each step runs (acting, a teacher or target network, an evaluation every step)"
+            GradientHold::ThroughEvaluation { window_start, passes, share_of_allocated, every_step } => {
+                // What began, and what the gradients were held through.
+                let (began, through) = if *every_step {
+                    (
+                        "the passes without grad that each step runs (acting, a teacher or target network, an evaluation every step)",
+                        "passes that never use",
+                    )
                 } else {
-                    "evaluation"
-                },
-                window_start,
-                forward_passes(*passes),
-                plural(*blocks, "block", "blocks"),
-                site(backward_line),
-                agree(*blocks, "was", "were"),
-                100.0 * share_of_allocated,
-                if *every_step { "passes" } else { "a phase" },
-                if *every_step { "use" } else { "uses" }
-            ) + &released_at.as_ref().map_or(String::new(), |r| {
-                format!(" {} freed only later, by {}.", agree(*blocks, "It was", "They were"), r.short())
-            }),
+                    ("evaluation", "a phase that never uses")
+                };
+                format!(
+                    "When {began} began (event {}, {} without backward), {} of parameter sizes from the backward pass at {} {} still allocated ({:.0}% of allocated memory): gradients held through {through} them. {tail}.",
+                    window_start,
+                    forward_passes(*passes),
+                    plural(*blocks, "block", "blocks"),
+                    site(backward_line),
+                    agree(*blocks, "was", "were"),
+                    100.0 * share_of_allocated
+                ) + &released_at.as_ref().map_or(String::new(), |r| {
+                    format!(" {} freed only later, by {}.", agree(*blocks, "It was", "They were"), r.short())
+                })
+            }
         },
         Evidence::Fragmentation {
             reserved,

@@ -179,16 +179,18 @@ impl Detector for ReferenceLeak {
         // Kept only because a retained graph that a reference holds keeps them: its inputs, what
         // its create_graph backward saved, their gradients (`Context::held_by_retained_graph`).
         let held = cx.held_by_retained_graph();
-        // Freed at or after the start of the second occurrence after `occ` (a unit, or an
-        // iteration): a rebound variable lets its tensor go in the next occurrence, an evicting
-        // cache or queue later.
-        let evicted_after = |freed: Option<u32>, occ: usize, pass: bool| {
-            let start = if pass {
-                lc.units.get(occ + 2).map(|u| u.span.start)
+        // The first event of occurrence `k`: a unit (`pass`), or an iteration.
+        let occurrence_start = |k: usize, pass: bool| {
+            if pass {
+                lc.units.get(k).map(|u| u.span.start)
             } else {
-                cx.phases.boundaries.get(occ + 2).copied()
-            };
-            freed.zip(start).is_some_and(|(f, s)| f >= s)
+                cx.phases.boundaries.get(k).copied()
+            }
+        };
+        // Freed at or after the start of the second occurrence after `occ`: a rebound variable
+        // lets its tensor go in the next occurrence, an evicting cache or queue later.
+        let evicted_after = |freed: Option<u32>, occ: usize, pass: bool| {
+            freed.zip(occurrence_start(occ + 2, pass)).is_some_and(|(f, s)| f >= s)
         };
         // Blocks are grouped in parallel runs merged in order, so every group lists its blocks in
         // the order of a sequential pass: forward passes' blocks first, then the others.
@@ -399,11 +401,7 @@ impl Detector for ReferenceLeak {
             // nothing until a warm-up ended), else the first kept one.
             let boundaries: Vec<u32> = match resumed_after_longest_pause(&g.kept, &g.eligible) {
                 Some(first) if !call_keys.contains(&key) && !cx.is_growth(g.kept.len(), g.eligible.len()) => {
-                    let from = if g.pass_occurrences {
-                        lc.units.get(first).map(|u| u.span.start)
-                    } else {
-                        cx.phases.boundaries.get(first).copied()
-                    };
+                    let from = occurrence_start(first, g.pass_occurrences);
                     boundaries.into_iter().filter(|&b| from.is_none_or(|f| b >= f)).collect()
                 }
                 _ => boundaries,
