@@ -678,3 +678,29 @@ fn gradients_held_through_no_grad_passes_say_whether_each_step_runs_them() {
         );
     }
 }
+
+/// Optimizers re-created for warm restarts (fixtures/extra9, real runs): kept in a list, each
+/// keeps its Adam state, made again for the same parameters every 4 steps (q06: named at the
+/// `step()` line, origin `optimizer_state_remade`, 5 of 20 iterations); dropped at each restart,
+/// the old state is freed (q15); identical blocks unfrozen one by one under one AdamW make state
+/// of the same sizes again, but each time for parameters that just gained gradients (q16). The
+/// two near misses have no reference_leak.
+#[test]
+fn optimizers_recreated_and_kept_are_told_from_restarts_and_unfreezing() {
+    let path = fixture_with_prefix("extra9", "q06_");
+    let script = format!("{}.py", stem(&path));
+    let out = analyze(&path);
+    let leaks = of_kind(&out, "reference_leak");
+    assert!(
+        leaks.len() == 1 && at(leaks[0], &script, 28) && leaks[0]["severity"] == "leak",
+        "q06: expected one reference_leak [leak] at {script}:28, got:{}",
+        describe(&out)
+    );
+    let facts = &leaks[0]["facts"];
+    assert_eq!(facts["origin"], "optimizer_state_remade", "{facts}");
+    assert_eq!((facts["occurrences"].as_u64(), facts["eligible"].as_u64()), (Some(5), Some(20)), "{facts}");
+    for prefix in ["q15_", "q16_"] {
+        let out = analyze(&fixture_with_prefix("extra9", prefix));
+        assert!(of_kind(&out, "reference_leak").is_empty(), "{prefix}:{}", describe(&out));
+    }
+}

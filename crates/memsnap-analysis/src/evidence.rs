@@ -143,6 +143,9 @@ pub enum LeakOrigin {
     /// Optimizer state (moments, momentum buffers) made in every iteration and kept: the
     /// optimizer is handed new parameters each iteration and keeps their state.
     OptimizerState,
+    /// Optimizer state made again for parameters already met, every few iterations, and kept:
+    /// new optimizers over the same parameters (restarts) while the old ones stay referenced.
+    OptimizerStateRemade,
     /// One tensor re-made larger from its previous version every iteration and kept
     /// (`x = torch.cat([x, new])`): each allocation frees the one before, the live size grows.
     Regrown,

@@ -326,14 +326,29 @@ impl Detector for ReferenceLeak {
             }
         }
 
+        // Optimizer state made again for parameters the optimizer had already met (see
+        // `remade_state`), per `step()` line.
+        let remade: BTreeMap<Key, Vec<usize>> = groups
+            .iter()
+            .filter(|(key, g)| {
+                matches!(key, Key::Line(_, Origin::Optimizer))
+                    && !g.evicted
+                    && g.kept.len() >= cx.thresholds.min_leak_occurrences
+            })
+            .map(|(key, g)| (*key, remade_state(cx, g)))
+            .collect();
+
         // Growth: kept in a large enough share of the occurrences; or, for tensors of forward
         // passes and of user code, none of which was ever let go, kept on to the end of the
-        // trace (a leak that starts after a warm-up, or keeps one step in a few).
+        // trace (a leak that starts after a warm-up, or keeps one step in a few); or, for
+        // optimizer state, made again and again for the same parameters and never let go, on
+        // to the end.
         let grows = |key: &Key, g: &Group| {
             cx.is_growth(g.kept.len(), g.eligible.len())
                 || matches!(key, Key::Line(_, Origin::Trained | Origin::NoGrad | Origin::GraphReleased | Origin::User))
                     && !g.evicted
                     && cx.is_unevicted_growth(&g.kept, &g.eligible)
+                || remade.get(key).is_some_and(|r| cx.is_unevicted_growth(r, &g.eligible))
         };
         // Per-call counts replace per-pass counts where only they show repetition.
         let mut call_keys: BTreeSet<Key> = BTreeSet::new();
@@ -369,7 +384,8 @@ impl Detector for ReferenceLeak {
                         Origin::GraphReleased => LeakOrigin::ReleasedGraphForward,
                         Origin::User => LeakOrigin::UserCode,
                         Origin::Backward => LeakOrigin::Backward,
-                        Origin::Optimizer => LeakOrigin::OptimizerState,
+                        Origin::Optimizer if cx.is_growth(g.kept.len(), g.eligible.len()) => LeakOrigin::OptimizerState,
+                        Origin::Optimizer => LeakOrigin::OptimizerStateRemade,
                     },
                 ),
                 Key::Unattributed => (None, LeakOrigin::Unattributed),
@@ -448,6 +464,56 @@ impl Detector for ReferenceLeak {
         }
         out
     }
+}
+
+/// The iterations in which the optimizer state kept from one `step()` line was made for
+/// parameters the optimizer had already met: the first iteration that kept state, and each later
+/// one whose kept state has the same sizes, made while no more gradient bytes were alive than at
+/// the first.
+///
+/// Mechanism. An optimizer makes its state (Adam: two moments the size of each parameter; SGD
+/// with momentum: one buffer) the first time its `step()` meets a parameter with a gradient, so
+/// one optimizer makes each parameter's state once. State made again, of the same sizes, for as
+/// many gradients as the first time, is a new optimizer over the same parameters (a restart, an
+/// optimizer re-created per epoch or task); if none of it is ever freed, something keeps the old
+/// optimizers (a list, their schedulers). The near misses: an optimizer dropped when the next is
+/// made frees its state (evicted, `q15`); layers unfrozen one by one make state of the same sizes
+/// again (identical blocks) but for parameters that just gained gradients, so more gradient
+/// bytes are alive at each such step than at the first (`q16`).
+fn remade_state(cx: &Context, g: &Group) -> Vec<usize> {
+    let blocks = &cx.replay.blocks;
+    // Per iteration: the sizes of the state kept from it, and the first event that made it.
+    let mut made: BTreeMap<usize, (Vec<u64>, u32)> = BTreeMap::new();
+    for &bi in &g.blocks {
+        let b = &blocks[bi];
+        let (Some(it), Some(at)) = (cx.iteration_of(b), b.alloc_event()) else { continue };
+        let e = made.entry(it).or_insert((Vec::new(), at));
+        e.0.push(b.size);
+        e.1 = e.1.min(at);
+    }
+    if made.len() < cx.thresholds.min_leak_occurrences {
+        return Vec::new();
+    }
+    for (sizes, _) in made.values_mut() {
+        sizes.sort_unstable();
+    }
+    // Parameter gradients: parameter-sized blocks the autograd engine made.
+    let gradients: Vec<(u32, Option<u32>, u64)> = blocks
+        .iter()
+        .filter(|b| cx.param_sizes.contains(&b.size) && matches!(cx.attr(b), Attr::Backward(_)))
+        .filter_map(|b| Some((b.alloc_event()?, b.freed_at(), b.size)))
+        .collect();
+    let gradient_bytes_at =
+        |t: u32| -> u64 { gradients.iter().filter(|(a, f, _)| *a < t && f.is_none_or(|f| f > t)).map(|g| g.2).sum() };
+    let mut made = made.into_iter();
+    let Some((first, (first_sizes, first_at))) = made.next() else { return Vec::new() };
+    let first_gradients = gradient_bytes_at(first_at);
+    std::iter::once(first)
+        .chain(
+            made.filter(|(_, (sizes, at))| *sizes == first_sizes && gradient_bytes_at(*at) <= first_gradients)
+                .map(|(it, _)| it),
+        )
+        .collect()
 }
 
 /// The kept occurrence that follows the longest run of eligible occurrences that kept nothing
