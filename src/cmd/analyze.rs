@@ -253,17 +253,22 @@ fn analysis_text(a: &Analyzed, top: usize, by: By) -> String {
         if let Some(r) = r {
             let pk = r.peaks.allocated;
             let reserved = match crate::pipeline::reserved_known(snap, r.peaks.reserved.value) {
-                Some(v) => format!("{} ({v} bytes)", fmt_bytes(v)),
-                None => "not established".to_string(),
+                Some(v) if da.peak_known => format!("{} ({v} bytes)", fmt_bytes(v)),
+                _ => "not established".to_string(),
             };
-            let _ = writeln!(
-                s,
-                "  peak allocated {} ({} bytes) at event {}{}; peak reserved {reserved}",
-                fmt_bytes(pk.value),
-                pk.value,
-                pk.event_index.map_or("-".into(), |i| i.to_string()),
-                pk.time_us.zip(origin).map_or(String::new(), |(t, o)| format!(", time {}", since_start(t, o))),
-            );
+            if da.peak_known {
+                let _ = writeln!(
+                    s,
+                    "  peak allocated {} ({} bytes) at event {}{}; peak reserved {reserved}",
+                    fmt_bytes(pk.value),
+                    pk.value,
+                    pk.event_index.map_or("-".into(), |i| i.to_string()),
+                    pk.time_us.zip(origin).map_or(String::new(), |(t, o)| format!(", time {}", since_start(t, o))),
+                );
+            } else {
+                // As in JSON (null): without allocations in the trace the file holds no peak.
+                let _ = writeln!(s, "  peak allocated not established; peak reserved not established");
+            }
             let _ = writeln!(
                 s,
                 "  replay matches snapshot: {}; trace complete: {}; uncertain at start: {}",
@@ -307,7 +312,10 @@ fn analysis_text(a: &Analyzed, top: usize, by: By) -> String {
             let line = format!("{}{more}", named.join("; "));
             let _ = writeln!(s, "{}", wrap("  labelled phases: ", &line, 4, width));
         }
-        for (title, m) in [("at peak", &da.peak), ("at end", &da.end)] {
+        // Without a peak (no allocations in the trace) the peak moment is the dump: said once.
+        let moments =
+            if da.peak_known { &[("at peak", &da.peak), ("at end", &da.end)][..] } else { &[("at end", &da.end)][..] };
+        for &(title, m) in moments {
             let labels = match by {
                 By::Site => None,
                 By::Metadata => Some(("user_metadata", &m.by_metadata)),

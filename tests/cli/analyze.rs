@@ -704,3 +704,31 @@ fn optimizers_recreated_and_kept_are_told_from_restarts_and_unfreezing() {
         assert!(of_kind(&out, "reference_leak").is_empty(), "{prefix}:{}", describe(&out));
     }
 }
+
+/// A cache keyed by the prompt (q26, real run: 5 prompts over 24 requests, the model run only on a
+/// miss) fills in the first 5 requests and stops while the loop goes on: bounded by the keys,
+/// not a leak.
+#[test]
+fn a_cache_that_stopped_missing_while_the_loop_went_on_is_not_a_leak() {
+    let out = analyze(&fixture_with_prefix("extra9", "q26_"));
+    assert!(of_kind(&out, "reference_leak").is_empty(), "{}", describe(&out));
+}
+
+/// Recording stopped before the dump (`_record_memory_history(enabled=None)`, q18, real run)
+/// leaves an empty trace: the dump's blocks still name the lines that made them, so the kept
+/// logits are found from the state, and no peak can be established: null in JSON, "not
+/// established" in text, and no "at peak" table that would be the dump under another name.
+#[test]
+fn recording_stopped_before_the_dump_finds_the_leak_from_the_state_and_claims_no_peak() {
+    let path = fixture_with_prefix("extra9", "q18_");
+    let script = format!("{}.py", stem(&path));
+    let out = analyze(&path);
+    let leaks = of_kind(&out, "reference_leak");
+    assert!(leaks.len() == 1 && at(leaks[0], &script, 26), "{}", describe(&out));
+    assert_eq!(leaks[0]["facts"]["origin"], "state_only");
+    assert!(out["devices"][0]["peak_allocated_bytes"].is_null(), "{}", out["devices"][0]);
+    let text = common::memsnap(&["analyze", path.to_str().unwrap()]);
+    assert_eq!(text.code, Some(0), "{}", text.stderr);
+    assert!(text.stdout.contains("peak allocated not established"), "{}", text.stdout);
+    assert!(!text.stdout.contains("Allocated at peak"), "{}", text.stdout);
+}

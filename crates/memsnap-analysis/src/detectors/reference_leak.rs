@@ -343,13 +343,27 @@ impl Detector for ReferenceLeak {
         // trace (a leak that starts after a warm-up, or keeps one step in a few); or, for
         // optimizer state, made again and again for the same parameters and never let go, on
         // to the end.
-        let grows = |key: &Key, g: &Group| {
+        let grows_anyhow = |key: &Key, g: &Group| {
             cx.is_growth(g.kept.len(), g.eligible.len())
                 || matches!(key, Key::Line(_, Origin::Trained | Origin::NoGrad | Origin::GraphReleased | Origin::User))
                     && !g.evicted
                     && cx.is_unevicted_growth(&g.kept, &g.eligible)
                 || remade.get(key).is_some_and(|r| cx.is_unevicted_growth(r, &g.eligible))
         };
+        // Unless the passes are those of a cache keyed by the input, which stopped because every
+        // key was met (see `loop_went_on_without_the_model`): bounded by the keys. Asked only of
+        // groups that would grow (few).
+        let mut stopped_missing: BTreeSet<Key> = BTreeSet::new();
+        for (key, g) in groups.iter().filter(|(key, g)| g.pass_occurrences && grows_anyhow(key, g)) {
+            let line = match key {
+                Key::Line(l, _) => *l,
+                Key::Unattributed => None,
+            };
+            if loop_went_on_without_the_model(cx, line, &g.eligible) {
+                stopped_missing.insert(*key);
+            }
+        }
+        let grows = |key: &Key, g: &Group| !stopped_missing.contains(key) && grows_anyhow(key, g);
         // Per-call counts replace per-pass counts where only they show repetition.
         let mut call_keys: BTreeSet<Key> = BTreeSet::new();
         for (key, pc) in per_call.finish() {
@@ -464,6 +478,72 @@ impl Detector for ReferenceLeak {
         }
         out
     }
+}
+
+/// Did the program's loop go on, without running the model from this line, for at least as many
+/// rounds as the model ran? `units`: the passes (indices into `Lifecycle::units`) the line
+/// `own_line` ran, ascending.
+///
+/// Mechanism. A cache keyed by the input (`if key not in cache: cache[key] = model(x)`) runs the
+/// model only on a miss, so its passes are not the loop's iterations: each keeps its output, and
+/// once every key has been met the model is no longer called while the loop goes on (q26: 5
+/// prompts, 24 requests). A leak keeps what the model makes for as long as the program runs it.
+/// The loop's own rounds are seen as another user line outside any model call (the request's
+/// input, a buffer) that allocated between every two of the passes, and after the last one as
+/// many times again as it did in those gaps (at most per gap, times the passes): what the line
+/// that keeps the outputs makes is not a round (w10 clones a state dict after each pass). The near miss: a cache switched on late, or one that keeps every request, whose
+/// model runs to the end (p14), and an evaluation that keeps its outputs while training goes on
+/// after it, whose data line does not run between its passes in each gap unless the training
+/// loop shares it.
+fn loop_went_on_without_the_model(cx: &Context, own_line: Option<FrameId>, units: &[usize]) -> bool {
+    let lc = cx.lifecycle;
+    let spans: Vec<crate::phases::Span> = units.iter().filter_map(|&u| lc.units.get(u)).map(|u| u.pass_span).collect();
+    let Some(last) = spans.last() else { return false };
+    if spans.len() < cx.thresholds.min_leak_occurrences {
+        return false;
+    }
+    // The user line of an allocation outside any model call, optimizer step or backward.
+    let loop_line = |i: usize| -> Option<FrameId> {
+        let e = &cx.events[i];
+        if e.action() != memsnap_model::Action::Alloc {
+            return None;
+        }
+        let info = cx.stacks.get(e.stack);
+        if info.forward || info.optimizer || info.backward_launch || info.construction {
+            return None;
+        }
+        info.site
+    };
+    // Per line: (the gaps between passes it allocated in, the most allocations in one gap).
+    let mut in_gaps: BTreeMap<FrameId, (usize, usize)> = BTreeMap::new();
+    for w in spans.windows(2) {
+        let mut here: BTreeMap<FrameId, usize> = BTreeMap::new();
+        for i in w[0].end as usize..w[1].start as usize {
+            if let Some(line) = loop_line(i).filter(|&l| Some(l) != own_line) {
+                *here.entry(line).or_default() += 1;
+            }
+        }
+        for (line, n) in here {
+            let e = in_gaps.entry(line).or_default();
+            e.0 += 1;
+            e.1 = e.1.max(n);
+        }
+    }
+    // The lines that allocated in every gap, with their most allocations per round.
+    let gaps = spans.len() - 1;
+    let per_round: BTreeMap<FrameId, usize> =
+        in_gaps.into_iter().filter(|(_, (n, _))| *n == gaps).map(|(l, (_, most))| (l, most)).collect();
+    if per_round.is_empty() {
+        return false;
+    }
+    let mut after: BTreeMap<FrameId, usize> = BTreeMap::new();
+    for i in last.end as usize..cx.events.len() {
+        if let Some(line) = loop_line(i).filter(|l| per_round.contains_key(l)) {
+            *after.entry(line).or_default() += 1;
+        }
+    }
+    // As many rounds again after the last pass as there were passes.
+    after.iter().any(|(line, &n)| n >= spans.len() * per_round[line])
 }
 
 /// The iterations in which the optimizer state kept from one `step()` line was made for

@@ -291,3 +291,32 @@ fn reference_leak_decorated_forward_output_named_at_the_call() {
     let s = the_one(&a, SuspectKind::ReferenceLeak);
     assert_site(&s, TRAIN, 16, &a);
 }
+
+/// An inference service whose loop makes each request's input at line 25 and runs the model
+/// (line 23, without grad) only when the request's prompt is not cached yet, keeping the output
+/// in the cache: `prompts` distinct prompts over `requests` requests. With 5 prompts over 24
+/// requests the model runs in the first 5 and never again while the loop goes on (q26): bounded
+/// by the keys. With a new prompt every request the model runs, and the cache grows, to the end.
+fn prompt_cache(prompts: usize, requests: usize) -> memsnap_analysis::Analysis {
+    let mut p = Program::new(2);
+    for req in 0..requests {
+        let q = p.t.alloc(2 * MIB, &[top(25)]);
+        if req < prompts {
+            p.forward(&[top(23)], Grad::NoGrad, false);
+        }
+        p.t.free(q, &[top(26)]);
+    }
+    analyze_snapshot(&p.t.finish())
+}
+
+#[test]
+fn reference_leak_cache_of_every_prompt_grows_to_the_end() {
+    let a = prompt_cache(24, 24);
+    let s = the_one(&a, SuspectKind::ReferenceLeak);
+    assert_site(&s, TRAIN, 23, &a);
+}
+
+#[test]
+fn reference_leak_near_miss_cache_full_while_the_loop_goes_on() {
+    assert_none_of(&prompt_cache(5, 24), SuspectKind::ReferenceLeak);
+}
