@@ -350,20 +350,26 @@ impl Detector for ReferenceLeak {
                     && cx.is_unevicted_growth(&g.kept, &g.eligible)
                 || remade.get(key).is_some_and(|r| cx.is_unevicted_growth(r, &g.eligible))
         };
-        // Unless the passes are those of a cache keyed by the input, which stopped because every
-        // key was met (see `loop_went_on_without_the_model`): bounded by the keys. Asked only of
-        // groups that would grow (few).
-        let mut stopped_missing: BTreeSet<Key> = BTreeSet::new();
-        for (key, g) in groups.iter().filter(|(key, g)| g.pass_occurrences && grows_anyhow(key, g)) {
+        // Unless the line stopped making what it keeps while the loop went on for as long again:
+        // a fill that stopped (a cache keyed by the input once every key was met, a dataset
+        // cached on the GPU at its first read), bounded by the keys. Asked only of groups that
+        // would grow (few).
+        let mut stopped_filling: BTreeSet<Key> = BTreeSet::new();
+        for (key, g) in groups.iter().filter(|(key, g)| grows_anyhow(key, g)) {
             let line = match key {
                 Key::Line(l, _) => *l,
                 Key::Unattributed => None,
             };
-            if loop_went_on_without_the_model(cx, line, &g.eligible) {
-                stopped_missing.insert(*key);
+            let stopped = if g.pass_occurrences {
+                loop_went_on_without_the_model(cx, line, &g.eligible)
+            } else {
+                iterations_went_on_without_the_line(cx, &g.eligible)
+            };
+            if stopped {
+                stopped_filling.insert(*key);
             }
         }
-        let grows = |key: &Key, g: &Group| !stopped_missing.contains(key) && grows_anyhow(key, g);
+        let grows = |key: &Key, g: &Group| !stopped_filling.contains(key) && grows_anyhow(key, g);
         // Per-call counts replace per-pass counts where only they show repetition.
         let mut call_keys: BTreeSet<Key> = BTreeSet::new();
         for (key, pc) in per_call.finish() {
@@ -478,6 +484,22 @@ impl Detector for ReferenceLeak {
         }
         out
     }
+}
+
+/// Did the iterations go on after the last one in which the line allocated, for at least as many
+/// iterations as it allocated in (and `min_leak_occurrences`)? `eligible`: the iterations the line
+/// allocated in, ascending.
+///
+/// Mechanism. A line that fills a cache on a miss (`if i not in self.gpu: self.gpu[i] =
+/// x.cuda()`, a dataset cached on the GPU at its first read: q36) allocates only while keys are
+/// new, and keeps all it made, so counted over the iterations it allocated in it looks like a
+/// leak; once every key has been met it allocates no more while training goes on. A leak keeps
+/// making what it keeps for as long as the program runs (p08 keeps one step in three to the end).
+/// The near miss: the same line with new keys every iteration (a cache keyed by a request id).
+fn iterations_went_on_without_the_line(cx: &Context, eligible: &[usize]) -> bool {
+    let Some(&last) = eligible.last() else { return false };
+    let after = cx.phases.iteration_count().saturating_sub(last + 1);
+    eligible.len() >= cx.thresholds.min_leak_occurrences && after >= eligible.len()
 }
 
 /// Did the program's loop go on, without running the model from this line, for at least as many

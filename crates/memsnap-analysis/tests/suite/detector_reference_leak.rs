@@ -320,3 +320,25 @@ fn reference_leak_cache_of_every_prompt_grows_to_the_end() {
 fn reference_leak_near_miss_cache_full_while_the_loop_goes_on() {
     assert_none_of(&prompt_cache(5, 24), SuspectKind::ReferenceLeak);
 }
+
+/// Near miss: a dataset that caches each sample on the GPU at its first read (line 30, user code)
+/// fills during the first epoch, 4 of 12 iterations, and only hits afterwards while training goes
+/// on (q36): bounded by the dataset, though every block the line made is kept.
+#[test]
+fn reference_leak_near_miss_dataset_cached_on_first_read() {
+    let mut p = Program::new(2);
+    for it in 0..12 {
+        if it < 4 {
+            p.t.alloc(2 * MIB, &[top(30)]);
+        }
+        let x = p.batch(&[top(15)]);
+        let pass = p.forward(&[top(16)], Grad::Enabled, false);
+        let loss = p.loss(&[top(17)]);
+        p.backward(&[top(18)], &[&pass], false);
+        p.zero_grad(&[top(20)], ZeroGrad::SetToNone);
+        p.t.free(x, &[top(23)]);
+        p.t.free(pass.logits, &[top(23)]);
+        p.t.free(loss, &[top(23)]);
+    }
+    assert_none_of(&analyze_snapshot(&p.t.finish()), SuspectKind::ReferenceLeak);
+}
