@@ -146,6 +146,10 @@ pub enum LeakOrigin {
     /// Optimizer state made again for parameters already met, every few iterations, and kept:
     /// new optimizers over the same parameters (restarts) while the old ones stay referenced.
     OptimizerStateRemade,
+    /// L-BFGS's history of update directions (`torch.optim.LBFGS`): a new pair of vectors the
+    /// size of all parameters each step, kept up to `history_size` pairs, then the oldest
+    /// dropped. It grows by design and is bounded: severity `waste`.
+    OptimizerHistory,
     /// One tensor re-made larger from its previous version every iteration and kept
     /// (`x = torch.cat([x, new])`): each allocation frees the one before, the live size grows.
     Regrown,

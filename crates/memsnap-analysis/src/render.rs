@@ -137,6 +137,7 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
                 LeakOrigin::Backward => "tensors made by the autograd engine that are not parameter gradients (the gradient of an activation, as a backward hook receives it)",
                 LeakOrigin::OptimizerState => "optimizer state (moments, momentum buffers) that the step at this line made for parameters it had not seen before, in every iteration: the optimizer is handed new parameters each iteration (`add_param_group` in the loop, a new tensor in its parameter list) and keeps them and their state",
                 LeakOrigin::OptimizerStateRemade => "optimizer state (moments, momentum buffers) that the step at this line made again, of the same sizes, for the same parameters (no more gradients were alive than the first time): a new optimizer is made every few iterations (a restart, one per epoch or task) while the earlier ones stay referenced, each with its state",
+                LeakOrigin::OptimizerHistory => "L-BFGS's history of update directions, made by the step at this line: each step keeps a new pair of vectors the size of all parameters, up to `history_size` pairs (100 by default), then drops the oldest, so it grows by design until then and is bounded",
                 LeakOrigin::Unattributed => "tensors recorded without stacks, so the line that made them cannot be named",
                 LeakOrigin::Regrown => "one tensor re-made larger from the previous one each time (as `x = torch.cat([x, new])` does): each allocation frees the one before it, yet the live tensor grows and is never let go",
                 LeakOrigin::StateOnly => "live at the dump from this one line (the file has no trace: this rests on the dump-time state only)",
@@ -150,13 +151,18 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
                     Occurrence::Pass => "passes",
                     Occurrence::Call => "calls",
                 };
+                // The optimizer itself holds L-BFGS's history, by design.
+                let held = if *origin == LeakOrigin::OptimizerHistory {
+                    String::new()
+                } else {
+                    format!("; a reference outlives each {}", occurrence.name())
+                };
                 format!(
-                    "{} from {} of {} {} still allocated at the end: {what}; a reference outlives each {}.{} {tail}.",
+                    "{} from {} of {} {} still allocated at the end: {what}{held}.{} {tail}.",
                     plural(*blocks, "block", "blocks"),
                     occurrences,
                     plural(*eligible as u64, occurrence.name(), many),
                     agree(*blocks, "is", "are"),
-                    occurrence.name(),
                     made_at.as_ref().map_or(String::new(), |m| format!(
                         " The largest was made inside the model, at {}: what keeps it took it from what the call here returned, or the model's own code keeps it.",
                         m.short()
@@ -270,6 +276,7 @@ pub fn advice(s: &Suspect) -> String {
         Evidence::ReferenceLeak { origin: LeakOrigin::Regrown, .. } => "Bound the tensor that grows by concatenation: keep only its last N rows (`x = torch.cat([x, new])[-N:]`), or preallocate a fixed-size ring buffer and write into it (as MoCo's queue does); if every row is needed, move them to the CPU (`new.cpu()`) and concatenate there.".into(),
         Evidence::ReferenceLeak { origin: LeakOrigin::OptimizerState, .. } => "Create parameters and register them with the optimizer once, before the loop: every `add_param_group` (or new tensor in its parameter list) is kept by the optimizer for good, with its state (Adam: two moments the size of the parameter). To reset a parameter, write into it in place (`with torch.no_grad(): p.copy_(init)`); to drop one, remove its group and its `optimizer.state[p]` entry.".into(),
         Evidence::ReferenceLeak { origin: LeakOrigin::OptimizerStateRemade, .. } => "Keep one optimizer and reset it in place to restart (`optimizer.state.clear()`, then set each group's `lr`), or drop every reference to the old optimizer before making the next: a list or dict of optimizers, the LR schedulers built on them (each holds its optimizer), closures and logs. Each optimizer kept keeps its state (Adam: two moments the size of every parameter).".into(),
+        Evidence::ReferenceLeak { origin: LeakOrigin::OptimizerHistory, .. } => "Nothing leaks: L-BFGS stops growing at `history_size` pairs. To hold less, lower it (`torch.optim.LBFGS(params, history_size=k)`: about 2 × k × the parameters' bytes, plus the flat gradient).".into(),
         Evidence::ReferenceLeak { origin: LeakOrigin::Backward, .. } => "Look for backward hooks (`register_full_backward_hook`, `Tensor.register_hook`) that store tensors; keep `t.detach().cpu()` or a statistic (`t.norm().item()`), or clear the container every step.".into(),
         Evidence::ReferenceLeak { .. } => "Find what keeps these tensors alive (a forward hook, a dict cache, a closure, a global list) and bound it: clear or evict entries, `del` the reference, or keep `t.detach().cpu()` / a summary statistic instead of the GPU tensor.".into(),
         Evidence::UnreleasedGradient { hold: GradientHold::KeptEachStep { .. }, .. } => "Do not keep references to `.grad` tensors: store `p.grad.norm().item()` or `p.grad.detach().cpu()`, and clear gradients with `optimizer.zero_grad(set_to_none=True)`.".into(),

@@ -48,6 +48,10 @@ pub struct StackInfo {
     /// forward regions this way, and `torch.compile` runs its backward this way. These
     /// allocations belong to the backward pass, not to a forward pass.
     pub recompute: bool,
+    /// Inside `torch/optim/lbfgs.py`: L-BFGS keeps the last `history_size` (100 by default)
+    /// pairs of update directions, each a flat tensor the size of all parameters, so its state
+    /// grows each step until it holds that many, then drops the oldest: bounded by design.
+    pub lbfgs: bool,
     /// Model or optimizer construction: `Module.to/cuda/_apply` or a module's `__init__` /
     /// `reset_parameters` (parameters and buffers), as opposed to tensors made by running code.
     pub construction: bool,
@@ -186,6 +190,7 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], forward_callers: &FxHashSet<FrameI
         }
         if file.contains("torch/optim/") {
             s.optimizer = true;
+            s.lbfgs |= file.ends_with("torch/optim/lbfgs.py");
         }
         if is_module_call(file, name) {
             s.forward = true;

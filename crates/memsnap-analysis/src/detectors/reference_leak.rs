@@ -404,6 +404,7 @@ impl Detector for ReferenceLeak {
                         Origin::GraphReleased => LeakOrigin::ReleasedGraphForward,
                         Origin::User => LeakOrigin::UserCode,
                         Origin::Backward => LeakOrigin::Backward,
+                        Origin::Optimizer if cx.stacks.get(g.largest.1).lbfgs => LeakOrigin::OptimizerHistory,
                         Origin::Optimizer if cx.is_growth(g.kept.len(), g.eligible.len()) => LeakOrigin::OptimizerState,
                         Origin::Optimizer => LeakOrigin::OptimizerStateRemade,
                     },
@@ -461,7 +462,8 @@ impl Detector for ReferenceLeak {
             out.push(Finding {
                 occurrences: g.kept.len(),
                 kind: SuspectKind::ReferenceLeak,
-                severity: Severity::Leak,
+                // L-BFGS's history grows by design and stops at `history_size` pairs: bounded.
+                severity: if origin == LeakOrigin::OptimizerHistory { Severity::Waste } else { Severity::Leak },
                 confidence,
                 occurrence,
                 boundaries,

@@ -342,3 +342,39 @@ fn reference_leak_near_miss_dataset_cached_on_first_read() {
     }
     assert_none_of(&analyze_snapshot(&p.t.finish()), SuspectKind::ReferenceLeak);
 }
+
+/// L-BFGS's history (q54): every step at line 19 keeps a new pair of flat vectors the size of
+/// all parameters (`old_dirs`, `old_stps`), up to `history_size` pairs. It grows every iteration,
+/// by design, and is bounded: said as `waste` with its own origin, never as a leak, whose
+/// words would send the user after `add_param_group`.
+#[test]
+fn reference_leak_lbfgs_history_is_bounded_waste() {
+    const LBFGS: &str = "/usr/lib/python3.11/site-packages/torch/optim/lbfgs.py";
+    let mut p = Program::new(2);
+    let history = chain(&[
+        &[(LBFGS, 390, "step")],
+        &[(common::program::OPTIMIZER, 81, "_use_grad"), (common::program::OPTIMIZER, 533, "wrapper"), top(19)],
+    ]);
+    for _ in 0..8 {
+        let x = p.batch(&[top(15)]);
+        let pass = p.forward(&[top(16)], Grad::Enabled, false);
+        let loss = p.loss(&[top(17)]);
+        p.backward(&[top(18)], &[&pass], false);
+        for _ in 0..2 {
+            p.t.alloc(2 * MIB, &history);
+        }
+        p.zero_grad(&[top(20)], ZeroGrad::SetToNone);
+        p.t.free(x, &[top(23)]);
+        p.t.free(pass.logits, &[top(23)]);
+        p.t.free(loss, &[top(23)]);
+    }
+    let a = analyze_snapshot(&p.t.finish());
+    let s = the_one(&a, SuspectKind::ReferenceLeak);
+    assert_site(&s, TRAIN, 19, &a);
+    assert_eq!(s.severity, memsnap_analysis::Severity::Waste, "{}", describe(&a));
+    assert!(
+        matches!(s.facts, Evidence::ReferenceLeak { origin: memsnap_analysis::LeakOrigin::OptimizerHistory, .. }),
+        "{}",
+        describe(&a)
+    );
+}
