@@ -756,3 +756,17 @@ fn lbfgs_history_is_bounded_waste_not_a_leak() {
     let check = common::memsnap(&["check", path.to_str().unwrap(), "--fail-on", "leaks"]);
     assert_eq!(check.code, Some(0), "{}{}", check.stdout, check.stderr);
 }
+
+/// A gradient log started at step 13 of 20 (q56, real run): 7 of 20 backward iterations keep
+/// their gradients, every one from the log's start to the end. Named at the `.backward()` line
+/// (the gradients' maker), growing by the logged weights' gradients per iteration from the log's
+/// start: 512×1024, three 1024×1024 and one 1×1024 float32 weights, 14 MiB + 4 KiB.
+#[test]
+fn a_gradient_log_started_late_is_a_leak() {
+    let path = fixture_with_prefix("extra9", "q56_");
+    let script = format!("{}.py", stem(&path));
+    let out = analyze(&path);
+    let found = of_kind(&out, "unreleased_gradient");
+    assert!(found.len() == 1 && at(found[0], &script, 26) && found[0]["severity"] == "leak", "{}", describe(&out));
+    assert_eq!(found[0]["growth_bytes_per_iteration"].as_u64(), Some((14 << 20) + 4096), "{}", describe(&out));
+}

@@ -5,8 +5,10 @@
 //! the parameter's size. `zero_grad(set_to_none=True)` drops them; `optimizer.step()` reads them.
 //! Two facts are reported:
 //! - kept each step: gradients of step after step still allocated at the end (references to
-//!   `p.grad` stored in a log, then `zero_grad` makes new ones): severity `leak`. Gradients are
-//!   told from a backward hook's tensor by coming several per step, of two or more parameter sizes.
+//!   `p.grad` stored in a log, then `zero_grad` makes new ones), in half the iterations or in
+//!   every one from a warm-up's end on (`kept_to_the_end_since`): severity `leak`.
+//!   Gradients are told from a backward hook's tensor by coming several per step, of two or more
+//!   parameter sizes.
 //! - through evaluation: when an evaluation window starts after training, the last step's
 //!   gradients are still allocated (`zero_grad` at the start of the step, or
 //!   `set_to_none=False`): bounded, severity `waste`. Named at the line whose call finally frees
@@ -17,7 +19,7 @@
 //! window start. Near misses: gradients allocated once and reused; gradients freed before the
 //! evaluation starts; a window made only by checkpoint recomputation (that is backward).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use memsnap_model::{BlockState, FrameId};
 
@@ -37,10 +39,19 @@ impl Detector for UnreleasedGradient {
         let mut out = Vec::new();
         let mut leak_lines = Vec::new();
         for g in cx.kept_backward_groups().iter().filter(|g| g.gradient_like) {
-            let eligible = cx.backward_iterations(g.line).len();
-            if !cx.is_growth(g.kept_iterations.len(), eligible) {
+            let iterations = cx.backward_iterations(g.line);
+            let eligible = iterations.len();
+            let by_share = cx.is_growth(g.kept_iterations.len(), eligible);
+            let run = kept_to_the_end_since(cx, &g.kept_iterations, &iterations);
+            if !by_share && run.is_none() {
                 continue;
             }
+            // A log that started late grows from where it started.
+            let from = run.and_then(|k| cx.phases.boundaries.get(k)).copied();
+            let boundaries = match from {
+                Some(f) if !by_share => cx.iteration_boundaries().into_iter().filter(|&b| b >= f).collect(),
+                _ => cx.iteration_boundaries(),
+            };
             leak_lines.push(g.line);
             out.push(Finding {
                 occurrences: g.kept_iterations.len(),
@@ -48,7 +59,7 @@ impl Detector for UnreleasedGradient {
                 severity: Severity::Leak,
                 confidence: cx.growth_confidence(g.kept_iterations.len(), eligible),
                 occurrence: Occurrence::Iteration,
-                boundaries: cx.iteration_boundaries(),
+                boundaries,
                 bytes: None,
                 site: g.line.map(|f| cx.site(f)),
                 stack: cx.backward_stack(g.line),
@@ -67,6 +78,24 @@ impl Detector for UnreleasedGradient {
         out.extend(through_evaluation(cx, &leak_lines));
         out
     }
+}
+
+/// The first iteration of the run of the backward line's iterations, each of which kept
+/// gradients, that ends with the last but one (the last iteration's gradients are alive at any
+/// dump), when the run has at least `min_leak_occurrences` iterations.
+///
+/// Mechanism. A gradient log (`grad_hist.append({n: p.grad ...})` with `zero_grad(set_to_none=
+/// True)`) keeps a new set of gradients every step it runs, so one that starts after a warm-up
+/// keeps them in every iteration from its start to the end, though in fewer than half of all
+/// (q56 starts at step 13 of 20; a block the first backward made once, such as a workspace, may
+/// also be kept, before the run). The near miss: layers unfrozen with
+/// `zero_grad(set_to_none=False)`, whose first backward makes gradients that stay as `.grad`,
+/// keep them in a few scattered iterations, one per unfreezing (q03), not in every iteration up
+/// to the end.
+fn kept_to_the_end_since(cx: &Context, kept: &BTreeSet<usize>, iterations: &BTreeSet<usize>) -> Option<usize> {
+    let &last = iterations.last()?;
+    let run: Vec<usize> = iterations.range(..last).rev().take_while(|i| kept.contains(i)).copied().collect();
+    (run.len() >= cx.thresholds.min_leak_occurrences).then(|| *run.last().unwrap_or(&last))
 }
 
 /// Do the windows of passes without backward come about once per iteration (at least one per

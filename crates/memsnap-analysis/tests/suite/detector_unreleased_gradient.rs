@@ -35,6 +35,57 @@ fn unreleased_gradient_near_miss_grads_allocated_once_and_reused() {
     assert_no_suspects(&analyze_snapshot(&p.t.finish()));
 }
 
+/// A gradient log that starts after a warm-up (q01): `zero_grad(set_to_none=True)` each step,
+/// and from iteration 8 of 12 on the gradients are also stored, so each later backward makes new
+/// ones and the stored sets stay: kept in 4 of 12 iterations, every one from the start of the log
+/// to the end. Growth is measured from where the log started: one set per iteration.
+#[test]
+fn unreleased_gradient_log_started_after_a_warm_up() {
+    let mut p = Program::new(2);
+    for it in 0..12 {
+        let x = p.batch(&[top(15)]);
+        let pass = p.forward(&[top(16)], Grad::Enabled, false);
+        let loss = p.loss(&[top(17)]);
+        p.backward(&[top(18)], &[&pass], false);
+        let zero = if it >= 8 { ZeroGrad::SetToNoneButReferenced } else { ZeroGrad::SetToNone };
+        p.zero_grad(&[top(20)], zero);
+        p.t.free(x, &[top(23)]);
+        p.t.free(pass.logits, &[top(23)]);
+        p.t.free(loss, &[top(23)]);
+    }
+    let params = p.param_bytes();
+    let a = analyze_snapshot(&p.t.finish());
+    let s = the_one(&a, SuspectKind::UnreleasedGradient);
+    assert_site(&s, TRAIN, 18, &a);
+    assert_eq!(s.severity, memsnap_analysis::Severity::Leak, "{}", describe(&a));
+    assert_eq!(s.growth_bytes_per_iteration, Some(params), "{}", describe(&a));
+}
+
+/// Near miss: layers unfrozen with `zero_grad(set_to_none=False)` (q03): the gradients are made
+/// once and reused, and the first backward after each unfreezing (iterations 4 and 8 of 12) makes
+/// the new layer's gradients, kept as `.grad` to the end: kept in scattered iterations, not in a
+/// run that goes on to the end.
+#[test]
+fn unreleased_gradient_near_miss_layers_unfrozen_with_gradients_kept_in_place() {
+    let mut p = Program::new(2);
+    for it in 0..12 {
+        let x = p.batch(&[top(15)]);
+        let pass = p.forward(&[top(16)], Grad::Enabled, false);
+        let loss = p.loss(&[top(17)]);
+        p.backward(&[top(18)], &[&pass], false);
+        if it == 4 || it == 8 {
+            // The unfrozen layer's weight and bias gradients, made by the same backward.
+            p.t.alloc(4 * MIB, &[]);
+            p.t.alloc(2 * MIB, &[]);
+        }
+        p.zero_grad(&[top(20)], ZeroGrad::InPlace);
+        p.t.free(x, &[top(23)]);
+        p.t.free(pass.logits, &[top(23)]);
+        p.t.free(loss, &[top(23)]);
+    }
+    assert_none_of(&analyze_snapshot(&p.t.finish()), SuspectKind::UnreleasedGradient);
+}
+
 // ------------------------------------------------------------------------------------------
 // unreleased_gradient: through evaluation
 
