@@ -253,8 +253,8 @@ fn analysis_text(a: &Analyzed, top: usize, by: By) -> String {
         if let Some(r) = r {
             let pk = r.peaks.allocated;
             let reserved = match crate::pipeline::reserved_known(snap, r.peaks.reserved.value) {
-                Some(v) if da.peak_known => format!("{} ({v} bytes)", fmt_bytes(v)),
-                _ => "not established".to_string(),
+                Some(v) => format!("{} ({v} bytes)", fmt_bytes(v)),
+                None => "not established".to_string(),
             };
             if da.peak_known {
                 let _ = writeln!(

@@ -515,10 +515,10 @@ fn iterations_went_on_without_the_line(cx: &Context, eligible: &[usize]) -> bool
 /// The loop's own rounds are seen as another user line outside any model call (the request's
 /// input, a buffer) that allocated between every two of the passes, and after the last one as
 /// many times again as it did in those gaps (at most per gap, times the passes): what the line
-/// that keeps the outputs makes is not a round (w10 clones a state dict after each pass). The near miss: a cache switched on late, or one that keeps every request, whose
-/// model runs to the end (p14), and an evaluation that keeps its outputs while training goes on
-/// after it, whose data line does not run between its passes in each gap unless the training
-/// loop shares it.
+/// that keeps the outputs makes is not a round (w10 clones a state dict after each pass). The
+/// near miss: a cache switched on late, or one that keeps every request, whose model runs to the
+/// end (p14). The cost: an evaluation that keeps its outputs every epoch and then stops, while
+/// training that shares its data line goes on as long again, is no longer called growth.
 fn loop_went_on_without_the_model(cx: &Context, own_line: Option<FrameId>, units: &[usize]) -> bool {
     let lc = cx.lifecycle;
     let spans: Vec<crate::phases::Span> = units.iter().filter_map(|&u| lc.units.get(u)).map(|u| u.pass_span).collect();
