@@ -94,18 +94,12 @@ fn reference_leak_optimizer_state_made_every_step() {
     };
     let size = 2 * MIB;
     for _ in 0..6 {
-        let x = p.batch(&[top(15)]);
-        let pass = p.forward(&[top(16)], Grad::Enabled, false);
-        let loss = p.loss(&[top(17)]);
-        p.backward(&[top(18)], &[&pass], false);
-        p.step(&[top(19)]);
-        for line in [178, 182] {
-            p.t.alloc(size, &init(line));
-        }
-        p.zero_grad(&[top(20)], ZeroGrad::SetToNone);
-        p.t.free(x, &[top(23)]);
-        p.t.free(pass.logits, &[top(23)]);
-        p.t.free(loss, &[top(23)]);
+        step_with(&mut p, ZeroGrad::SetToNone, |p| {
+            p.step(&[top(19)]);
+            for line in [178, 182] {
+                p.t.alloc(size, &init(line));
+            }
+        });
     }
     let a = analyze_snapshot(&p.t.finish());
     let s = the_one(&a, SuspectKind::ReferenceLeak);
@@ -129,25 +123,20 @@ fn reference_leak_near_miss_optimizer_state_for_unfrozen_layers() {
     let mut p = Program::new(2);
     let mut unfrozen = 0;
     for it in 0..12 {
-        let x = p.batch(&[top(15)]);
-        let pass = p.forward(&[top(16)], Grad::Enabled, false);
-        let loss = p.loss(&[top(17)]);
-        p.backward(&[top(18)], &[&pass], false);
         if it > 0 && it % 4 == 0 {
             unfrozen += 1;
         }
-        // The unfrozen groups' gradients, made by the same backward (no frames).
-        let group_grads: Vec<_> = (0..unfrozen).map(|_| p.t.alloc(2 * MIB, &[])).collect();
-        if it % 4 == 0 {
-            p.t.alloc(2 * MIB, &sgd_momentum());
-        }
-        p.zero_grad(&[top(20)], ZeroGrad::SetToNone);
+        let mut group_grads = Vec::new();
+        step_with(&mut p, ZeroGrad::SetToNone, |p| {
+            // The unfrozen groups' gradients, made by the same backward (no frames).
+            group_grads.extend((0..unfrozen).map(|_| p.t.alloc(2 * MIB, &[])));
+            if it % 4 == 0 {
+                p.t.alloc(2 * MIB, &sgd_momentum());
+            }
+        });
         for g in group_grads {
             p.t.free(g, &[top(20)]);
         }
-        p.t.free(x, &[top(23)]);
-        p.t.free(pass.logits, &[top(23)]);
-        p.t.free(loss, &[top(23)]);
     }
     let a = analyze_snapshot(&p.t.finish());
     assert_none_of(&a, SuspectKind::ReferenceLeak);
@@ -170,23 +159,17 @@ fn restarts(drop_old: bool) -> memsnap_analysis::Analysis {
     let mut p = Program::new(2);
     let mut state = Vec::new();
     for it in 0..12 {
-        let x = p.batch(&[top(15)]);
-        let pass = p.forward(&[top(16)], Grad::Enabled, false);
-        let loss = p.loss(&[top(17)]);
-        p.backward(&[top(18)], &[&pass], false);
-        if it % 4 == 0 {
-            if drop_old {
-                for b in state.drain(..) {
-                    p.t.free(b, &[top(14)]);
+        step_with(&mut p, ZeroGrad::SetToNone, |p| {
+            if it % 4 == 0 {
+                if drop_old {
+                    for b in state.drain(..) {
+                        p.t.free(b, &[top(14)]);
+                    }
                 }
+                state.push(p.t.alloc(2 * MIB, &sgd_momentum()));
+                state.push(p.t.alloc(2 * MIB, &sgd_momentum()));
             }
-            state.push(p.t.alloc(2 * MIB, &sgd_momentum()));
-            state.push(p.t.alloc(2 * MIB, &sgd_momentum()));
-        }
-        p.zero_grad(&[top(20)], ZeroGrad::SetToNone);
-        p.t.free(x, &[top(23)]);
-        p.t.free(pass.logits, &[top(23)]);
-        p.t.free(loss, &[top(23)]);
+        });
     }
     analyze_snapshot(&p.t.finish())
 }
@@ -331,14 +314,7 @@ fn reference_leak_near_miss_dataset_cached_on_first_read() {
         if it < 4 {
             p.t.alloc(2 * MIB, &[top(30)]);
         }
-        let x = p.batch(&[top(15)]);
-        let pass = p.forward(&[top(16)], Grad::Enabled, false);
-        let loss = p.loss(&[top(17)]);
-        p.backward(&[top(18)], &[&pass], false);
-        p.zero_grad(&[top(20)], ZeroGrad::SetToNone);
-        p.t.free(x, &[top(23)]);
-        p.t.free(pass.logits, &[top(23)]);
-        p.t.free(loss, &[top(23)]);
+        step_with(&mut p, ZeroGrad::SetToNone, |_| {});
     }
     assert_none_of(&analyze_snapshot(&p.t.finish()), SuspectKind::ReferenceLeak);
 }
@@ -356,17 +332,11 @@ fn reference_leak_lbfgs_history_is_bounded_waste() {
         &[(common::program::OPTIMIZER, 81, "_use_grad"), (common::program::OPTIMIZER, 533, "wrapper"), top(19)],
     ]);
     for _ in 0..8 {
-        let x = p.batch(&[top(15)]);
-        let pass = p.forward(&[top(16)], Grad::Enabled, false);
-        let loss = p.loss(&[top(17)]);
-        p.backward(&[top(18)], &[&pass], false);
-        for _ in 0..2 {
-            p.t.alloc(2 * MIB, &history);
-        }
-        p.zero_grad(&[top(20)], ZeroGrad::SetToNone);
-        p.t.free(x, &[top(23)]);
-        p.t.free(pass.logits, &[top(23)]);
-        p.t.free(loss, &[top(23)]);
+        step_with(&mut p, ZeroGrad::SetToNone, |p| {
+            for _ in 0..2 {
+                p.t.alloc(2 * MIB, &history);
+            }
+        });
     }
     let a = analyze_snapshot(&p.t.finish());
     let s = the_one(&a, SuspectKind::ReferenceLeak);

@@ -43,15 +43,8 @@ fn unreleased_gradient_near_miss_grads_allocated_once_and_reused() {
 fn unreleased_gradient_log_started_after_a_warm_up() {
     let mut p = Program::new(2);
     for it in 0..12 {
-        let x = p.batch(&[top(15)]);
-        let pass = p.forward(&[top(16)], Grad::Enabled, false);
-        let loss = p.loss(&[top(17)]);
-        p.backward(&[top(18)], &[&pass], false);
         let zero = if it >= 8 { ZeroGrad::SetToNoneButReferenced } else { ZeroGrad::SetToNone };
-        p.zero_grad(&[top(20)], zero);
-        p.t.free(x, &[top(23)]);
-        p.t.free(pass.logits, &[top(23)]);
-        p.t.free(loss, &[top(23)]);
+        step_with(&mut p, zero, |_| {});
     }
     let params = p.param_bytes();
     let a = analyze_snapshot(&p.t.finish());
@@ -69,19 +62,13 @@ fn unreleased_gradient_log_started_after_a_warm_up() {
 fn unreleased_gradient_near_miss_layers_unfrozen_with_gradients_kept_in_place() {
     let mut p = Program::new(2);
     for it in 0..12 {
-        let x = p.batch(&[top(15)]);
-        let pass = p.forward(&[top(16)], Grad::Enabled, false);
-        let loss = p.loss(&[top(17)]);
-        p.backward(&[top(18)], &[&pass], false);
-        if it == 4 || it == 8 {
-            // The unfrozen layer's weight and bias gradients, made by the same backward.
-            p.t.alloc(4 * MIB, &[]);
-            p.t.alloc(2 * MIB, &[]);
-        }
-        p.zero_grad(&[top(20)], ZeroGrad::InPlace);
-        p.t.free(x, &[top(23)]);
-        p.t.free(pass.logits, &[top(23)]);
-        p.t.free(loss, &[top(23)]);
+        step_with(&mut p, ZeroGrad::InPlace, |p| {
+            if it == 4 || it == 8 {
+                // The unfrozen layer's weight and bias gradients, made by the same backward.
+                p.t.alloc(4 * MIB, &[]);
+                p.t.alloc(2 * MIB, &[]);
+            }
+        });
     }
     assert_none_of(&analyze_snapshot(&p.t.finish()), SuspectKind::UnreleasedGradient);
 }

@@ -177,6 +177,21 @@ pub struct Steps {
 
 pub const HOOK: Fr = (TRAIN, 12, "hook");
 
+/// One plain training iteration of `train.py`: the batch (line 15), the model call (16), the
+/// loss (17) and `.backward()` (18), then `after_backward` (the optimizer's step, or what a test
+/// adds there), `zero_grad` (20) with `zero`, and the batch, logits and loss let go (23).
+pub fn step_with(p: &mut Program, zero: ZeroGrad, after_backward: impl FnOnce(&mut Program)) {
+    let x = p.batch(&[top(15)]);
+    let pass = p.forward(&[top(16)], Grad::Enabled, false);
+    let loss = p.loss(&[top(17)]);
+    p.backward(&[top(18)], &[&pass], false);
+    after_backward(p);
+    p.zero_grad(&[top(20)], zero);
+    p.t.free(x, &[top(23)]);
+    p.t.free(pass.logits, &[top(23)]);
+    p.t.free(loss, &[top(23)]);
+}
+
 pub fn train(p: &mut Program, o: Train) -> Steps {
     let mut out = Steps::default();
     let mut hooked: Vec<Blk> = Vec::new();
