@@ -26,6 +26,13 @@ const EXPECTED: &[(&str, &str)] = &[
         "range_time_min.pickle",
         "device_traces[0][2].time_us: expected a time above -2^63 microseconds, found int -9223372036854775808",
     ),
+    // A memo fetch of an earlier entry's object where a trace entry needs a list or a string
+    // (the parallel reader's merge checks these; crates/memsnap-model/tests/suite/parallel.rs).
+    (
+        "trace_frames_fetch_string.pickle.xz",
+        "device_traces[0][2500].frames: expected list of frames, found str \"ctx1000\"",
+    ),
+    ("trace_action_fetch_list.pickle.xz", "device_traces[0][2500].action: expected str, found list"),
     // Bombs: refused by the decompression budget, the object budget and the string cap.
     (
         "bomb_tiny_opcodes_1g.pickle.xz",

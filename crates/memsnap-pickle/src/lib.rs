@@ -26,7 +26,7 @@ pub use source::{CountingReader, Fault, ReadSource, SliceSource, Source, WINDOW}
 pub use value::{Heap, ListStore, Value};
 pub use vm::{
     parse, parse_source, Advanced, Ahead, Compactor, Limits, MemoRef, NoCompaction, ObjectBudget, Parsed, Progress,
-    Stats, Store, StoreView,
+    Stats, Store, StoreView, MAX_FAST_FORWARD_WINDOW,
 };
 
 /// Read a pickle without compaction and default limits.

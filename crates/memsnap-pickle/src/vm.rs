@@ -42,12 +42,13 @@ pub trait Compactor {
         Ok(None)
     }
 
-    /// Whether [`Compactor::fast_forward`] may read on from pickle offset `offset`: asked
-    /// before the VM fills a window ahead for it, which costs a copy of up to a window's bytes
-    /// (once per offer, and a pickle of many small lists makes an offer per list). `false`
-    /// (the default) means the VM reads on without asking.
-    fn reads_ahead_at(&self, _offset: u64) -> bool {
-        false
+    /// How many bytes [`Compactor::fast_forward`] wants to be shown from pickle offset
+    /// `offset` (at most [`MAX_FAST_FORWARD_WINDOW`]): asked before the VM fills a window ahead
+    /// for it, which costs a copy of up to that many bytes (once per offer, and a pickle of many
+    /// small lists makes an offer per list). 0 (the default) means the VM reads on without
+    /// asking.
+    fn ahead_bytes(&self, _offset: u64) -> usize {
+        0
     }
 }
 
@@ -138,12 +139,14 @@ impl<'a> Store<'_, 'a> {
     }
 
     /// Push the next memo entry (what a `MEMOIZE` of `v` does).
+    #[inline]
     pub fn memoize(&mut self, v: Value) -> Result<(), ErrorKind> {
         let h = encode(self.scalars, v)?;
         self.push_handle(h)
     }
 
     /// Push the next memo entry as a list made only when fetched (see [`MemoRef::LazyList`]).
+    #[inline]
     pub fn memoize_lazy_list(&mut self, token: u32) -> Result<(), ErrorKind> {
         if token >= H_INDEX_MASK {
             return Err(ErrorKind::LimitExceeded("objects (more than 2^29 of one kind)"));
@@ -178,6 +181,12 @@ impl<'a> Store<'_, 'a> {
         }
     }
 
+    /// Room for `n` more memo entries (a compactor about to push a chunk's).
+    pub fn reserve_memo(&mut self, n: usize) {
+        self.memo.reserve(n);
+    }
+
+    #[inline]
     fn push_handle(&mut self, h: u32) -> Result<(), ErrorKind> {
         if self.memo.len() >= H_EMPTY as usize - 1 {
             return Err(ErrorKind::BadMemoKey(self.memo.len() as u64));
@@ -680,11 +689,14 @@ impl<'a, S: Source<'a>> Vm<'a, '_, S> {
         while self.memo.len() as u64 == self.memo_count
             && self.sparse_memo.is_empty()
             && self.frame_end > self.src.offset()
-            && compactor.reads_ahead_at(self.src.offset())
         {
+            let window = compactor.ahead_bytes(self.src.offset()).min(MAX_FAST_FORWARD_WINDOW);
+            if window == 0 {
+                return Ok(());
+            }
             let (at, op) = (self.op_start, self.op);
             let offset = self.src.offset();
-            let bytes = self.src.ahead(FAST_FORWARD_WINDOW).map_err(|f| fault(at, op, f, 1))?;
+            let bytes = self.src.ahead(window).map_err(|f| fault(at, op, f, 1))?;
             let memo_before = self.memo.len();
             let ahead = Ahead {
                 bytes,
@@ -1114,6 +1126,7 @@ impl<'a, S: Source<'a>> Vm<'a, '_, S> {
 }
 
 /// A memo handle for `v` (scalars are stored aside in `scalars`).
+#[inline]
 fn encode(scalars: &mut Vec<Value>, v: Value) -> Result<u32, ErrorKind> {
     let (kind, idx) = match v {
         Value::Str(i) => (H_STR, i),
@@ -1173,9 +1186,9 @@ const OBJECT_OVERHEAD: u64 = 24;
 /// bytes (a string) or a handful of slots, so the budget is overrun by little between checks.
 const BUDGET_CHECK_EVERY: u64 = 1 << 14;
 const SHORT_STR_SLOTS: usize = 4096;
-/// Bytes a fast-forward is shown at a time (see [`Compactor::fast_forward`]): enough for a few
-/// MiB per thread, little against the input.
-const FAST_FORWARD_WINDOW: usize = 32 << 20;
+/// The most bytes a fast-forward is shown at a time (see [`Compactor::ahead_bytes`]): little
+/// against the input, and the bound on what the window costs in memory.
+pub const MAX_FAST_FORWARD_WINDOW: usize = 32 << 20;
 
 /// The error for a source that could not give `needed` bytes to the opcode at `at`.
 fn fault(at: u64, op: u8, f: Fault, needed: u64) -> PickleError {

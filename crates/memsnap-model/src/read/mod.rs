@@ -736,8 +736,12 @@ impl Compactor for Builder {
         parallel::fast_forward(self, ahead)
     }
 
-    fn reads_ahead_at(&self, offset: u64) -> bool {
-        self.parallel && offset >= self.resume_at
+    fn ahead_bytes(&self, offset: u64) -> usize {
+        if self.parallel && offset >= self.resume_at {
+            parallel::window_bytes(self.chunk_bytes)
+        } else {
+            0
+        }
     }
 
     fn retained_bytes(&self) -> u64 {

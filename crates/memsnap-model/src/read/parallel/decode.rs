@@ -155,6 +155,7 @@ pub(super) struct Mark {
     /// Offset in the window just after the batch.
     pub end: usize,
     pub events: usize,
+    pub slot_refs: usize,
     pub slots: usize,
     pub firsts: usize,
     pub unknown: usize,
@@ -171,6 +172,10 @@ pub(in crate::read) struct Chunk {
     pub(super) base: u32,
     pub(super) start: usize,
     pub(super) events: Vec<RawEvent>,
+    /// The events whose stack or action is a memo entry of an earlier chunk
+    /// ([`StackRef::Slot`], [`ActionRef::Slot`]), the only ones the merge must check: listed
+    /// here so that the merge, which runs on one thread, does not read every event.
+    pub(super) slot_refs: Vec<u32>,
     pub(super) slots: Vec<Slot>,
     /// Strings read from the window or the VM's heap (a few per chunk: the same ones recur).
     pub(super) strs: Vec<String>,
@@ -199,6 +204,7 @@ impl Chunk {
         self.base = base;
         self.start = start;
         self.events.clear();
+        self.slot_refs.clear();
         self.slots.clear();
         self.strs.clear();
         self.frames.clear();
@@ -289,6 +295,7 @@ impl<'d> Decoder<'d, '_, '_, '_> {
         Mark {
             end: self.pos,
             events: self.chunk.events.len(),
+            slot_refs: self.chunk.slot_refs.len(),
             slots: self.chunk.slots.len(),
             firsts: self.chunk.firsts.len(),
             unknown: self.chunk.unknown.len(),
@@ -301,6 +308,7 @@ impl<'d> Decoder<'d, '_, '_, '_> {
     fn restore(&mut self, m: Mark) {
         self.pos = m.end;
         self.chunk.events.truncate(m.events);
+        self.chunk.slot_refs.truncate(m.slot_refs);
         self.chunk.slots.truncate(m.slots);
         // Strings and frames a failed batch added stay in the tables unreferenced (only what
         // the log and the events point at is ever given an id); its new stacks go, since a
@@ -828,6 +836,9 @@ impl<'d> Decoder<'d, '_, '_, '_> {
         }
         if !action_seen {
             return Err(Stop);
+        }
+        if matches!(ev.stack, StackRef::Slot(_)) || matches!(ev.action, ActionRef::Slot(_)) {
+            self.chunk.slot_refs.push(self.chunk.events.len() as u32);
         }
         self.chunk.events.push(ev);
         Ok(())

@@ -125,14 +125,15 @@ impl Maps {
 
 /// The batch between marks `from` and `to`.
 fn batch_resolves(b: &mut Builder, view: StoreView<'_, '_>, chunk: &Chunk, from: &Mark, to: &Mark) -> bool {
-    let events = &chunk.events[from.events..to.events];
     let firsts = &chunk.firsts[from.firsts..to.firsts];
-    events.iter().all(|e| stack_resolves(view, e.stack) && action_resolves(view, e.action))
-        && firsts.iter().all(|f| match *f {
-            First::Text(t) => text_resolves(view, t),
-            First::Stack(s) => chunk.stacks[s as usize].iter().all(|f| frame_resolves(b, view, chunk, *f)),
-            First::HeapList(id) => heap_list_resolves(b, view, id),
-        })
+    chunk.slot_refs[from.slot_refs..to.slot_refs].iter().all(|&i| {
+        let e = &chunk.events[i as usize];
+        stack_resolves(view, e.stack) && action_resolves(view, e.action)
+    }) && firsts.iter().all(|f| match *f {
+        First::Text(t) => text_resolves(view, t),
+        First::Stack(s) => chunk.stacks[s as usize].iter().all(|f| frame_resolves(b, view, chunk, *f)),
+        First::HeapList(id) => heap_list_resolves(b, view, id),
+    })
 }
 
 fn text_resolves(view: StoreView<'_, '_>, t: Text) -> bool {
@@ -361,6 +362,7 @@ fn push_slots(
 ) -> Result<(), ErrorKind> {
     // Frame dicts hold strings memoized after them: rebuilt once every entry is pushed.
     let mut pending: Vec<(usize, u32)> = Vec::new();
+    store.reserve_memo(slots.len());
     for slot in slots {
         match *slot {
             Slot::Entry(e) => store.memoize(Value::Record(record0 + e))?,

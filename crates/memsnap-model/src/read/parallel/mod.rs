@@ -33,10 +33,30 @@ pub(in crate::read) use decode::Chunk;
 use decode::Window;
 pub(in crate::read) use merge::Converted;
 
-/// Bytes per chunk: a chunk is the unit of work of one thread. Small enough that a 32 MiB
-/// window keeps 16 threads busy, large enough that per-chunk tables amortize (a chunk holds
+/// Bytes per chunk: a chunk is the unit of work of one thread. Small enough that a window
+/// holds [`CHUNKS_PER_THREAD`] per thread, large enough that per-chunk tables amortize (a chunk holds
 /// about 12 000 entries).
 const CHUNK_BYTES: usize = 1 << 20;
+
+/// Chunks a window holds per thread: enough that a thread slowed by a dense chunk does not
+/// hold the others up for long. A window larger than that only costs: the VM fills it and
+/// merges its chunks alone while the other threads wait, and its pages and the chunks' tables
+/// are touched afresh and fall out of the caches before the merge reads them (on the 87 MB
+/// bench file, 2 threads: 32 MiB windows 0.28-0.33 s and 91 MB peak RSS, 8 MiB windows
+/// 0.24-0.30 s and 38 MB; docs/performance.md).
+const CHUNKS_PER_THREAD: usize = 4;
+/// The smallest window asked for, whatever the threads and chunk size.
+const MIN_WINDOW: usize = 4 << 20;
+
+/// Bytes to be shown at a time: [`CHUNKS_PER_THREAD`] chunks for each of rayon's threads,
+/// from [`MIN_WINDOW`] up to the VM's cap.
+pub(super) fn window_bytes(chunk_bytes: usize) -> usize {
+    let chunk_bytes = if chunk_bytes == 0 { CHUNK_BYTES } else { chunk_bytes };
+    rayon::current_num_threads()
+        .saturating_mul(CHUNKS_PER_THREAD)
+        .saturating_mul(chunk_bytes)
+        .clamp(MIN_WINDOW, memsnap_pickle::MAX_FAST_FORWARD_WINDOW)
+}
 
 /// After a window that read little (less than a quarter of it) the VM reads this far alone
 /// before the next try, twice as far after each further such window, at most
