@@ -705,6 +705,28 @@ fn optimizers_recreated_and_kept_are_told_from_restarts_and_unfreezing() {
     }
 }
 
+/// A hand-written optimizer (fixtures/extra10, real runs) that keeps every step's update in a
+/// history (k04): tensors its own `step` made at line 33 in every iteration, for the same
+/// parameters, kept: origin `optimizer_keeps_per_step` (not `optimizer_state`, whose words are
+/// about `add_param_group`), +6 MiB per iteration (the model's size: the update of every
+/// parameter). The same optimizer without the history makes its buffers once (k05): no leak.
+#[test]
+fn an_optimizer_that_keeps_its_updates_is_told_from_one_handed_new_parameters() {
+    let path = fixture_with_prefix("extra10", "k04_");
+    let script = format!("{}.py", stem(&path));
+    let out = analyze(&path);
+    let leaks = of_kind(&out, "reference_leak");
+    assert!(
+        leaks.len() == 1 && at(leaks[0], &script, 33) && leaks[0]["severity"] == "leak",
+        "k04: expected one reference_leak [leak] at {script}:33, got:{}",
+        describe(&out)
+    );
+    assert_eq!(leaks[0]["facts"]["origin"], "optimizer_keeps_per_step", "{}", leaks[0]["facts"]);
+    assert_eq!(leaks[0]["growth_bytes_per_iteration"].as_u64(), Some(6_304_256), "{}", describe(&out));
+    let clean = analyze(&fixture_with_prefix("extra10", "k05_"));
+    assert!(of_kind(&clean, "reference_leak").is_empty(), "k05:{}", describe(&clean));
+}
+
 /// A cache keyed by the prompt (q26, real run: 5 prompts over 24 requests, the model run only on a
 /// miss) fills in the first 5 requests and stops while the loop goes on: bounded by the keys,
 /// not a leak.

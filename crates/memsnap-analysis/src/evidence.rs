@@ -136,7 +136,7 @@ pub enum LeakOrigin {
     /// Tensors made by the user's code outside any model call.
     UserCode,
     /// Tensors made by the autograd engine that are not gradients of parameters (a backward hook
-    /// keeping `grad_output`).
+    /// keeping `grad_output`, the `.grad` that `retain_grad()` gives a kept activation).
     Backward,
     /// No stacks recorded: growth measured, origin unknown.
     Unattributed,
@@ -146,6 +146,9 @@ pub enum LeakOrigin {
     /// Optimizer state made again for parameters already met, every few iterations, and kept:
     /// new optimizers over the same parameters (restarts) while the old ones stay referenced.
     OptimizerStateRemade,
+    /// Tensors the user's own optimizer code (a `step` they wrote) made in every iteration for
+    /// the same parameters and kept: a history of updates or gradients it keeps, not state.
+    OptimizerKeepsPerStep,
     /// L-BFGS's history of update directions (`torch.optim.LBFGS`): a new pair of vectors the
     /// size of all parameters each step, kept up to `history_size` pairs, then the oldest
     /// dropped. It grows by design and is bounded: severity `waste`.

@@ -32,6 +32,10 @@ pub struct StackInfo {
     pub backward_launch: bool,
     /// Inside `torch.optim`.
     pub optimizer: bool,
+    /// The innermost user frame is inside the `torch.optim` call: the user's own optimizer
+    /// code (a subclass whose `step` they wrote), run by `Optimizer`'s step wrapper. For
+    /// `torch.optim`'s own optimizers the site is the line that calls `step()`.
+    pub optimizer_code: bool,
     /// Inside an `nn.Module` call.
     pub forward: bool,
     /// Passes through a loss function (`cross_entropy`, `*_loss`, …).
@@ -189,6 +193,7 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], forward_callers: &FxHashSet<FrameI
             s.construction = true;
         }
         if file.contains("torch/optim/") {
+            s.optimizer_code |= !s.optimizer && s.site.is_some();
             s.optimizer = true;
             s.lbfgs |= file.ends_with("torch/optim/lbfgs.py");
         }

@@ -405,6 +405,16 @@ impl Detector for ReferenceLeak {
                         Origin::User => LeakOrigin::UserCode,
                         Origin::Backward => LeakOrigin::Backward,
                         Origin::Optimizer if cx.stacks.get(g.largest.1).lbfgs => LeakOrigin::OptimizerHistory,
+                        // Made in every iteration for the same parameters: no new parameters,
+                        // so not their state. The user's own step keeps something per step
+                        // (k04), or a new optimizer is made each iteration.
+                        Origin::Optimizer if remade.get(&key).is_some_and(|r| r.len() == g.kept.len()) => {
+                            if cx.stacks.get(g.largest.1).optimizer_code {
+                                LeakOrigin::OptimizerKeepsPerStep
+                            } else {
+                                LeakOrigin::OptimizerStateRemade
+                            }
+                        }
                         Origin::Optimizer if cx.is_growth(g.kept.len(), g.eligible.len()) => LeakOrigin::OptimizerState,
                         Origin::Optimizer => LeakOrigin::OptimizerStateRemade,
                     },

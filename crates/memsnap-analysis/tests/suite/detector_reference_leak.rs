@@ -199,6 +199,85 @@ fn reference_leak_near_miss_restarted_optimizer_dropped() {
     assert_none_of(&restarts(true), SuspectKind::ReferenceLeak);
 }
 
+/// A `step` the user wrote (an `Optimizer` subclass, run by `Optimizer`'s step wrapper from line
+/// 19): its line 33 makes a momentum buffer per parameter at the first step (state), and, when
+/// `keep_updates`, line 35 makes each step's update and keeps it in a history (k04). 12
+/// iterations, two parameters.
+fn custom_optimizer(keep_updates: bool) -> memsnap_analysis::Analysis {
+    let own = |line: u32| {
+        chain(&[
+            &[(TRAIN, line, "step")],
+            &[(common::program::OPTIMIZER, 81, "_use_grad"), (common::program::OPTIMIZER, 533, "wrapper"), top(19)],
+        ])
+    };
+    let mut p = Program::new(2);
+    for it in 0..12 {
+        step_with(&mut p, ZeroGrad::SetToNone, |p| {
+            for _ in 0..2 {
+                if it == 0 {
+                    p.t.alloc(2 * MIB, &own(33));
+                }
+                let update = p.t.alloc(2 * MIB, &own(35));
+                if !keep_updates {
+                    p.t.free(update, &own(36));
+                }
+            }
+        });
+    }
+    analyze_snapshot(&p.t.finish())
+}
+
+/// The user's own optimizer keeping every step's update: made for the same parameters each
+/// iteration (no more gradients alive), so not state for new parameters (`OptimizerState`, whose
+/// advice is about `add_param_group`) but something its step keeps.
+#[test]
+fn reference_leak_own_optimizer_keeps_an_update_per_step() {
+    let a = custom_optimizer(true);
+    let s = the_one(&a, SuspectKind::ReferenceLeak);
+    assert_site(&s, TRAIN, 35, &a);
+    assert!(
+        matches!(
+            s.facts,
+            Evidence::ReferenceLeak {
+                origin: memsnap_analysis::LeakOrigin::OptimizerKeepsPerStep,
+                occurrences: 12,
+                ..
+            }
+        ),
+        "{}",
+        describe(&a)
+    );
+    assert_eq!(s.growth_bytes_per_iteration, Some(4 * MIB), "{}", describe(&a));
+}
+
+/// Near miss: the same optimizer without the history: its buffers are made once (k05).
+#[test]
+fn reference_leak_near_miss_own_optimizer_state_made_once() {
+    assert_none_of(&custom_optimizer(false), SuspectKind::ReferenceLeak);
+}
+
+/// `torch.optim`'s SGD making its momentum buffers in every iteration for the same gradients: a
+/// new optimizer each iteration, the old ones kept. The same parameters are met again, so the
+/// words are those of re-made state, not of new parameters.
+#[test]
+fn reference_leak_new_optimizer_every_iteration_is_state_made_again() {
+    let mut p = Program::new(2);
+    for _ in 0..12 {
+        step_with(&mut p, ZeroGrad::SetToNone, |p| {
+            p.t.alloc(2 * MIB, &sgd_momentum());
+            p.t.alloc(2 * MIB, &sgd_momentum());
+        });
+    }
+    let a = analyze_snapshot(&p.t.finish());
+    let s = the_one(&a, SuspectKind::ReferenceLeak);
+    assert_site(&s, TRAIN, 19, &a);
+    assert!(
+        matches!(s.facts, Evidence::ReferenceLeak { origin: memsnap_analysis::LeakOrigin::OptimizerStateRemade, .. }),
+        "{}",
+        describe(&a)
+    );
+}
+
 /// Near miss: `last = logits.detach().clone()`: the previous copy dies when it is replaced.
 #[test]
 fn reference_leak_near_miss_user_line_tensor_replaced_next_step() {
