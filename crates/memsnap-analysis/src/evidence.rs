@@ -206,6 +206,18 @@ pub struct IterationsBy {
 }
 
 /// The facts behind a suspect, per kind.
+/// Blocks alive at the dump, made before the trace's first event, of the sizes the suspect's kept
+/// blocks have, whose dump stacks name the suspect's line the same way its kept blocks do (the
+/// line that ran the model, for kept outputs; the user's line, for user code). When the ring buffer wrapped or recording started
+/// late, the trace shows only the last part of a leak: the allocator kept the stack of every
+/// block still allocated, so the earlier part is these. They are not in the suspect's bytes (no
+/// occurrence of them was seen), only said.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct BeforeTrace {
+    pub blocks: u64,
+    pub bytes: u64,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Evidence {
@@ -249,6 +261,10 @@ pub enum Evidence {
         /// a kept model output is named at the line that calls the model, and this is the
         /// statement inside the model that made it (the model's own code may be what keeps it).
         made_at: Option<Site>,
+        /// Blocks alive at the dump that the same line made before the trace began (see
+        /// [`BeforeTrace`]); absent when there are none.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        before_trace: Option<BeforeTrace>,
     },
     UnreleasedGradient {
         hold: GradientHold,

@@ -128,7 +128,7 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
             agree(u64::from(*survived_blocks), "it", "them"),
             if *graphs_held { ", and the graphs are kept afterwards" } else { "" }
         ),
-        Evidence::ReferenceLeak { origin, blocks, occurrences, eligible, occurrence, made_at } => {
+        Evidence::ReferenceLeak { origin, blocks, occurrences, eligible, occurrence, made_at, before_trace } => {
             let what = match origin {
                 LeakOrigin::TrainedForward => "outputs or intermediates of forward passes whose graphs a backward already freed, so no graph holds them",
                 LeakOrigin::NoGradForward => "outputs of forward passes run without grad, so no graph holds them",
@@ -158,8 +158,14 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
                 } else {
                     format!("; a reference outlives each {}", occurrence.name())
                 };
+                let earlier = before_trace.map_or(String::new(), |bt| format!(
+                    " A further {} ({}) of the sizes it keeps, alive at the dump, {} made by this line before the trace began (the dump's stacks say so; the trace starts mid-run): what is kept is likely more than the trace shows.",
+                    plural(bt.blocks, "block", "blocks"),
+                    format_bytes(bt.bytes, 2),
+                    agree(bt.blocks, "was", "were")
+                ));
                 format!(
-                    "{} from {} of {} {} still allocated at the end: {what}{held}.{} {tail}.",
+                    "{} from {} of {} {} still allocated at the end: {what}{held}.{}{earlier} {tail}.",
                     plural(*blocks, "block", "blocks"),
                     occurrences,
                     plural(*eligible as u64, occurrence.name(), many),
@@ -443,6 +449,7 @@ mod tests {
                 eligible,
                 occurrence,
                 made_at: None,
+                before_trace: None,
             },
             evidence: String::new(),
             advice: String::new(),

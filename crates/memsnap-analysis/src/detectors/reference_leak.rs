@@ -27,7 +27,7 @@ use rustc_hash::FxHashMap;
 
 use super::{Context, Detector, Finding};
 use crate::attribution::Attr;
-use crate::evidence::{Evidence, LeakOrigin, Occurrence, Severity, SuspectKind};
+use crate::evidence::{BeforeTrace, Evidence, LeakOrigin, Occurrence, Severity, SuspectKind};
 use crate::lifecycle::{BlockFate, UnitFate};
 
 pub struct ReferenceLeak;
@@ -490,6 +490,7 @@ impl Detector for ReferenceLeak {
                     eligible: g.eligible.len(),
                     occurrence,
                     made_at,
+                    before_trace: line.and_then(|l| made_before_trace(cx, l, origin, &g.blocks)),
                 },
                 blocks: g.blocks,
             });
@@ -578,6 +579,38 @@ fn loop_went_on_without_the_model(cx: &Context, own_line: Option<FrameId>, units
     }
     // As many rounds again after the last pass as there were passes.
     after.iter().any(|(line, &n)| n >= spans.len() * per_round[line])
+}
+
+/// Blocks alive at the dump, allocated before the trace began, that `line` made as the suspect's
+/// `kept` blocks were made (see [`BeforeTrace`]): for outputs of passes, blocks made inside a
+/// model call from `line`; for user code, blocks whose innermost user line is `line`, outside
+/// model calls. Their stacks are the dump's: the allocator keeps one for every block still
+/// allocated. Only blocks of a size the kept ones have: a leak keeps the same tensors each time,
+/// while the first call of a line may also have made a one-off block that stays for good (the
+/// cuBLAS workspace of the first matmul, 32 MiB, k10), which no reference of the user's keeps.
+fn made_before_trace(cx: &Context, line: FrameId, origin: LeakOrigin, kept: &[usize]) -> Option<BeforeTrace> {
+    let sizes: BTreeSet<u64> = kept.iter().map(|&bi| cx.replay.blocks[bi].size).collect();
+    let matches = |info: &crate::stacks::StackInfo| match origin {
+        LeakOrigin::TrainedForward | LeakOrigin::NoGradForward | LeakOrigin::ReleasedGraphForward => {
+            info.forward && info.forward_call == Some(line)
+        }
+        LeakOrigin::UserCode => {
+            !info.forward && !info.optimizer && !info.backward_launch && !info.construction && info.site == Some(line)
+        }
+        _ => false,
+    };
+    let (blocks, bytes) = cx
+        .replay
+        .blocks
+        .iter()
+        .filter(|b| {
+            b.alloc_event().is_none()
+                && b.freed_at().is_none()
+                && sizes.contains(&b.size)
+                && matches(&cx.stacks.get(b.stack))
+        })
+        .fold((0u64, 0u64), |(n, s), b| (n + 1, s + b.size));
+    (blocks > 0).then_some(BeforeTrace { blocks, bytes })
 }
 
 /// The iterations in which the optimizer state kept from one `step()` line was made for
@@ -691,6 +724,7 @@ fn regrown(cx: &Context, reported: &BTreeSet<Option<FrameId>>) -> Vec<Finding> {
                 eligible,
                 occurrence: Occurrence::Iteration,
                 made_at: None,
+                before_trace: None,
             },
             blocks: chain,
         });
@@ -834,6 +868,7 @@ fn state_only(cx: &Context, origin: LeakOrigin) -> Vec<Finding> {
                 eligible: blocks.len(),
                 occurrence: Occurrence::Iteration,
                 made_at: None,
+                before_trace: None,
             },
             blocks,
         })
