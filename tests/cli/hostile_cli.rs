@@ -11,7 +11,11 @@ const EXPECTED: &[(&str, &str)] = &[
     ("empty.pickle", "input: empty file (0 bytes)"),
     ("empty.pickle.gz", "input: empty file (0 bytes)"),
     ("json_text.pickle", "byte 0: not a pickle: first byte 0x7b is no pickle opcode (looks like JSON)"),
-    ("torch_save_zip.pt", "byte 0: not a pickle: a zip archive (torch.save output"),
+    // A zip whose first entry is not a torch.save `data.pkl` (fixtures/formats has a real one).
+    (
+        "torch_save_zip.pt",
+        "byte 30: a zip archive whose first entry is not data.pkl: not a snapshot saved with torch.save",
+    ),
     ("truncated_stream.pickle.xz", "xz decompression failed"),
     // Numbers no snapshot holds: refused where read, never wrapped or clamped.
     (

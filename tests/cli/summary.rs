@@ -192,6 +192,32 @@ fn stdin_gives_the_same_summary_as_the_file() {
     }
 }
 
+/// A snapshot saved with `torch.save(torch.cuda.memory._snapshot(), path)` on the GPU machine
+/// (fixtures/gen/make_torch_save.py): a zip whose first entry, `data.pkl`, is the snapshot's
+/// pickle. Read compressed, raw and through stdin, its totals are the live process's
+/// (`t01_torch_save_snapshot.live.json`), and its producer is said.
+#[test]
+fn a_snapshot_saved_with_torch_save_is_read() {
+    let live: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("formats/t01_torch_save_snapshot.live.json")).unwrap())
+            .unwrap();
+    let xz = fixture("formats/t01_torch_save_snapshot.pt.xz");
+    let mut raw = Vec::new();
+    std::io::Read::read_to_end(&mut xz2::read::XzDecoder::new(std::fs::File::open(&xz).unwrap()), &mut raw).unwrap();
+    assert!(raw.starts_with(b"PK\x03\x04"), "a zip archive");
+    let dir = tempfile::tempdir().unwrap();
+    let pt = dir.path().join("snap.pt");
+    std::fs::write(&pt, &raw).unwrap();
+    let from_stdin = memsnap_in(None, &["summary", "-", "--json"], Some(&raw)).json();
+    for v in [summary_json(&xz), summary_json(&pt), from_stdin] {
+        assert_eq!(v["producer"], "torch-save", "{v}");
+        assert_eq!(v["pickle_protocol"], 2, "{v}");
+        let d = device0(&v);
+        assert_eq!(d["allocated_bytes"], live["allocated"], "{v}");
+        assert_eq!(d["reserved_bytes"], live["reserved"], "{v}");
+    }
+}
+
 #[test]
 fn legacy_history_blocks_without_trace() {
     let b = base();

@@ -372,6 +372,9 @@ pub enum Producer {
     CppPickler,
     /// Something else (re-pickled, third-party, or unrecognised).
     Other,
+    /// `torch.save` of the snapshot dict (`torch.cuda.memory._snapshot()`): a zip archive whose
+    /// `data.pkl` is the pickle (protocol 2).
+    TorchSave,
 }
 
 impl Producer {
@@ -380,6 +383,7 @@ impl Producer {
             Producer::PythonPickler => "python-pickler",
             Producer::CppPickler => "cpp-pickler",
             Producer::Other => "other",
+            Producer::TorchSave => "torch-save",
         }
     }
 }

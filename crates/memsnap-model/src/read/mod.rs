@@ -20,6 +20,7 @@ use crate::types::*;
 
 mod contexts;
 mod parallel;
+mod torch_save;
 
 use contexts::Contexts;
 
@@ -95,31 +96,51 @@ pub fn read_snapshot(data: &[u8]) -> Result<Snapshot, ReadError> {
 pub fn read_snapshot_with(data: &[u8], opts: ReadOptions<'_>) -> Result<Snapshot, ReadError> {
     // The same first bytes a reader sees, so that both paths say the same (the fuzz target
     // checks it).
+    if data.starts_with(torch_save::ZIP_MAGIC) {
+        let start = torch_save::pickle_offset(data)?;
+        let data = &data[start..];
+        judge_head(&data[..data.len().min(HEAD)], data.len() < HEAD)?;
+        return read_source(SliceSource::new(data), opts).map(saved_with_torch_save);
+    }
     judge_head(&data[..data.len().min(HEAD)], data.len() < HEAD)?;
     read_source(SliceSource::new(data), opts)
+}
+
+/// A snapshot read from the `data.pkl` of a `torch.save` archive ([`torch_save`]).
+fn saved_with_torch_save(mut snap: Snapshot) -> Snapshot {
+    snap.source.producer = Producer::TorchSave;
+    snap
 }
 
 /// Read a snapshot from a reader (a file, a pipe, a decompressor), through a fixed window:
 /// memory follows what the snapshot holds, not the size of the input.
 pub fn read_snapshot_from<R: Read>(mut reader: R, opts: ReadOptions<'_>) -> Result<Snapshot, ReadError> {
     let mut head = [0u8; HEAD];
-    let mut got = 0;
-    while got < HEAD {
-        match reader.read(&mut head[got..]) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => {
-                return Err(ReadError::Pickle(PickleError {
-                    offset: got,
-                    opcode: None,
-                    kind: memsnap_pickle::ErrorKind::Input(e.to_string()),
-                }))
-            }
+    let got = read_up_to(&mut reader, &mut head)?;
+    let mut stream = io::Cursor::new(head).take(got as u64).chain(reader);
+    if head[..got].starts_with(torch_save::ZIP_MAGIC) {
+        // The first entry's local header, then the pickle that follows it (see `torch_save`).
+        let mut fixed = [0u8; torch_save::FIXED];
+        let got = read_up_to(&mut stream, &mut fixed)?;
+        let (name, extra) = torch_save::name_and_extra(&fixed[..got])?;
+        let mut rest = vec![0u8; name + extra];
+        if read_up_to(&mut stream, &mut rest)? < rest.len() {
+            return Err(shape("byte 30", "a zip archive cut short in its first entry's header: not a snapshot"));
         }
+        torch_save::check_name(&rest[..name])?;
+        let mut head = [0u8; HEAD];
+        let got = read_up_to(&mut stream, &mut head)?;
+        judge_head(&head[..got], got < HEAD)?;
+        let stream = io::Cursor::new(head).take(got as u64).chain(stream);
+        // The file's size is not the pickle's: no length hint.
+        return parse_stream(stream, ReadOptions { size_hint: 0, ..opts }).map(saved_with_torch_save);
     }
     judge_head(&head[..got], got < HEAD)?;
-    let stream = io::Cursor::new(head).take(got as u64).chain(reader);
+    parse_stream(stream, opts)
+}
+
+/// Parse the pickle `stream` holds from its first byte.
+fn parse_stream<R: Read>(stream: R, opts: ReadOptions<'_>) -> Result<Snapshot, ReadError> {
     let mut source = match opts.stored_bytes.clone() {
         Some(stored) => ReadSource::with_stored_count(stream, stored),
         None => ReadSource::new(stream),
@@ -133,14 +154,35 @@ pub fn read_snapshot_from<R: Read>(mut reader: R, opts: ReadOptions<'_>) -> Resu
 /// Bytes looked at before parsing, to tell other formats from a pickle.
 const HEAD: usize = 8;
 
+/// Read until `buf` is full or the input ends; how many bytes were read.
+fn read_up_to(reader: &mut impl Read, buf: &mut [u8]) -> Result<usize, ReadError> {
+    let mut got = 0;
+    while got < buf.len() {
+        match reader.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                return Err(ReadError::Pickle(PickleError {
+                    offset: got,
+                    opcode: None,
+                    kind: memsnap_pickle::ErrorKind::Input(e.to_string()),
+                }))
+            }
+        }
+    }
+    Ok(got)
+}
+
 /// Refuse what is plainly not a pickle from its first bytes, saying what it looks like.
 /// Anything that starts with an opcode goes to the VM, which names the opcode where it fails.
 fn judge_head(head: &[u8], whole: bool) -> Result<(), ReadError> {
     let Some(&first) = head.first() else {
         return Err(shape("input", "empty file (0 bytes): not a snapshot"));
     };
-    if head.starts_with(b"PK\x03\x04") {
-        return Err(shape("byte 0", "not a pickle: a zip archive (torch.save output, not a memory snapshot)"));
+    if head.starts_with(torch_save::ZIP_MAGIC) {
+        // A zip inside the data.pkl of a zip.
+        return Err(shape("byte 0", "not a pickle: a zip archive"));
     }
     let hint = if first == b'{' || first == b'[' {
         " (looks like JSON)"
