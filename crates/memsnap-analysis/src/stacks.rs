@@ -32,9 +32,10 @@ pub struct StackInfo {
     pub backward_launch: bool,
     /// Inside `torch.optim`.
     pub optimizer: bool,
-    /// The innermost user frame is inside the `torch.optim` call: the user's own optimizer
-    /// code (a subclass whose `step` they wrote), run by `Optimizer`'s step wrapper. For
-    /// `torch.optim`'s own optimizers the site is the line that calls `step()`.
+    /// The innermost user frame is inside the `torch.optim` call: user code the step ran, i.e.
+    /// an optimizer the user wrote (a subclass whose `step` `Optimizer`'s step wrapper calls), a
+    /// step hook, or the closure handed to `step(closure)`. For `torch.optim`'s own optimizers
+    /// the site is the line that calls `step()`.
     pub optimizer_code: bool,
     /// Inside an `nn.Module` call.
     pub forward: bool,
