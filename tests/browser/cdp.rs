@@ -204,14 +204,18 @@ impl Page {
         let url = format!("file://{}", file.display());
         let start = Instant::now();
         b.call(Some(&self.session), "Page.navigate", json!({ "url": url }));
-        let deadline = start + REPLY_TIMEOUT;
-        loop {
-            let ready =
-                self.eval(b, "document.readyState === 'complete' && document.documentElement.dataset.ready === '1'");
-            if ready == json!(true) {
-                return (url, start.elapsed());
-            }
-            assert!(Instant::now() < deadline, "{url}: not ready in {REPLY_TIMEOUT:?}");
+        self.wait_for(
+            b,
+            "document.readyState === 'complete' && document.documentElement.dataset.ready === '1'",
+            start + REPLY_TIMEOUT,
+        );
+        (url, start.elapsed())
+    }
+
+    /// Poll the expression `expr` until it is `true`; fails at `deadline`.
+    pub fn wait_for(&self, b: &mut Browser, expr: &str, deadline: Instant) {
+        while self.eval(b, expr) != json!(true) {
+            assert!(Instant::now() < deadline, "not true by the deadline: {expr}");
             std::thread::sleep(Duration::from_millis(20));
         }
     }

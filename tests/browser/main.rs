@@ -249,12 +249,8 @@ fn a_static_report_has_no_script_and_still_opens() {
     b.call(Some(&page.session), "Page.navigate", json!({ "url": url }));
     // No script, so no ready signal: wait for the document itself (not a fixed time: under the
     // load of the other browser tests a 300 ms sleep was too short).
-    let start = std::time::Instant::now();
     let loaded = format!("location.href === {} && document.readyState === 'complete'", json!(url));
-    while page.eval(&mut b, &loaded) != json!(true) {
-        assert!(start.elapsed() < Duration::from_secs(30), "the static page never finished loading");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    page.wait_for(&mut b, &loaded, std::time::Instant::now() + Duration::from_secs(30));
     assert_eq!(page.eval(&mut b, "document.querySelectorAll('svg.timeline').length"), json!(1));
     assert_clean(&mut b, &page, &url);
 }

@@ -104,6 +104,13 @@ pub fn memsnap(args: &[&str]) -> Run {
 }
 
 /// `memsnap summary PATH --json`, parsed.
+/// The bytes of an `.xz` file, decompressed.
+pub fn unxz(path: &Path) -> Vec<u8> {
+    let mut out = Vec::new();
+    std::io::Read::read_to_end(&mut xz2::read::XzDecoder::new(std::fs::File::open(path).unwrap()), &mut out).unwrap();
+    out
+}
+
 pub fn summary_json(path: &Path) -> serde_json::Value {
     let p = path.to_str().expect("utf-8 path");
     memsnap(&["summary", p, "--json"]).json()

@@ -191,10 +191,7 @@ fn batch_holds_a_compressed_file_to_its_estimated_size() {
     // zstd written as a stream has no content size: batch admits it at 32 times its size. This
     // one expands far more (a real snapshot followed by 64 MB of zeros after STOP), so the first
     // read stops at the estimate and the file is read again alone, to the same row.
-    let mut plain = Vec::new();
-    xz2::read::XzDecoder::new(std::fs::File::open(fixture("dev/s03_loss_history_leak.pickle.xz")).unwrap())
-        .read_to_end(&mut plain)
-        .unwrap();
+    let plain = common::unxz(&fixture("dev/s03_loss_history_leak.pickle.xz"));
     let dir = tempfile::tempdir().unwrap();
     let padded: Vec<u8> = plain.iter().copied().chain(std::iter::repeat_n(0u8, 64 << 20)).collect();
     let mut enc = zstd::stream::write::Encoder::new(Vec::new(), 3).unwrap();

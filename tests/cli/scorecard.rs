@@ -21,7 +21,6 @@
 use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
@@ -70,12 +69,8 @@ fn fixtures() -> Vec<Fixture> {
 
 /// `(basename, line)` of every frame of every stack the file recorded.
 fn recorded_lines(path: &Path) -> BTreeSet<(String, u32)> {
-    let mut data = std::fs::read(path).unwrap();
-    if path.extension().is_some_and(|e| e == "xz") {
-        let mut out = Vec::new();
-        xz2::read::XzDecoder::new(&data[..]).read_to_end(&mut out).unwrap();
-        data = out;
-    }
+    let data =
+        if path.extension().is_some_and(|e| e == "xz") { common::unxz(path) } else { std::fs::read(path).unwrap() };
     let snap = memsnap_model::read_snapshot(&data).unwrap();
     // Allocation stacks: of alloc events, and of the blocks in the dump's segment table.
     let mut stacks: BTreeSet<memsnap_model::StackId> = BTreeSet::new();

@@ -202,8 +202,7 @@ fn a_snapshot_saved_with_torch_save_is_read() {
         serde_json::from_str(&std::fs::read_to_string(fixture("formats/t01_torch_save_snapshot.live.json")).unwrap())
             .unwrap();
     let xz = fixture("formats/t01_torch_save_snapshot.pt.xz");
-    let mut raw = Vec::new();
-    std::io::Read::read_to_end(&mut xz2::read::XzDecoder::new(std::fs::File::open(&xz).unwrap()), &mut raw).unwrap();
+    let raw = common::unxz(&xz);
     assert!(raw.starts_with(b"PK\x03\x04"), "a zip archive");
     let dir = tempfile::tempdir().unwrap();
     let pt = dir.path().join("snap.pt");

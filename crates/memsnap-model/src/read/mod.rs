@@ -114,29 +114,28 @@ fn saved_with_torch_save(mut snap: Snapshot) -> Snapshot {
 
 /// Read a snapshot from a reader (a file, a pipe, a decompressor), through a fixed window:
 /// memory follows what the snapshot holds, not the size of the input.
-pub fn read_snapshot_from<R: Read>(mut reader: R, opts: ReadOptions<'_>) -> Result<Snapshot, ReadError> {
-    let mut head = [0u8; HEAD];
-    let got = read_up_to(&mut reader, &mut head)?;
-    let mut stream = io::Cursor::new(head).take(got as u64).chain(reader);
+pub fn read_snapshot_from<R: Read>(reader: R, opts: ReadOptions<'_>) -> Result<Snapshot, ReadError> {
+    let (head, got, mut stream) = peek_head(reader)?;
     if head[..got].starts_with(torch_save::ZIP_MAGIC) {
-        // The first entry's local header, then the pickle that follows it (see `torch_save`).
-        let mut fixed = [0u8; torch_save::FIXED];
-        let got = read_up_to(&mut stream, &mut fixed)?;
-        let (name, extra) = torch_save::name_and_extra(&fixed[..got])?;
-        let mut rest = vec![0u8; name + extra];
-        if read_up_to(&mut stream, &mut rest)? < rest.len() {
-            return Err(shape("byte 30", "a zip archive cut short in its first entry's header: not a snapshot"));
-        }
-        torch_save::check_name(&rest[..name])?;
-        let mut head = [0u8; HEAD];
-        let got = read_up_to(&mut stream, &mut head)?;
+        torch_save::skip_header(&mut stream)?;
+        let (head, got, stream) = peek_head(stream)?;
         judge_head(&head[..got], got < HEAD)?;
-        let stream = io::Cursor::new(head).take(got as u64).chain(stream);
         // The file's size is not the pickle's: no length hint.
         return parse_stream(stream, ReadOptions { size_hint: 0, ..opts }).map(saved_with_torch_save);
     }
     judge_head(&head[..got], got < HEAD)?;
     parse_stream(stream, opts)
+}
+
+/// The first [`HEAD`] bytes of `reader` (fewer when it ends first: how many), and a stream that
+/// gives them again, then the rest.
+#[allow(clippy::type_complexity)]
+fn peek_head<R: Read>(
+    mut reader: R,
+) -> Result<([u8; HEAD], usize, io::Chain<io::Take<io::Cursor<[u8; HEAD]>>, R>), ReadError> {
+    let mut head = [0u8; HEAD];
+    let got = read_up_to(&mut reader, &mut head)?;
+    Ok((head, got, io::Cursor::new(head).take(got as u64).chain(reader)))
 }
 
 /// Parse the pickle `stream` holds from its first byte.
@@ -155,7 +154,7 @@ fn parse_stream<R: Read>(stream: R, opts: ReadOptions<'_>) -> Result<Snapshot, R
 const HEAD: usize = 8;
 
 /// Read until `buf` is full or the input ends; how many bytes were read.
-fn read_up_to(reader: &mut impl Read, buf: &mut [u8]) -> Result<usize, ReadError> {
+pub(super) fn read_up_to(reader: &mut impl Read, buf: &mut [u8]) -> Result<usize, ReadError> {
     let mut got = 0;
     while got < buf.len() {
         match reader.read(&mut buf[got..]) {

@@ -10,21 +10,21 @@
 //! crate: one fixed-layout header at byte 0 is all there is to read, and a zip crate reads the
 //! central directory at the end of the file, which a stream (a pipe, a decompressor) cannot reach.
 
-use super::{shape, ReadError};
+use std::io::Read;
+
+use super::{read_up_to, shape, ReadError};
 
 /// The signature of a zip local file header.
 pub(super) const ZIP_MAGIC: &[u8; 4] = b"PK\x03\x04";
 /// Bytes of a local file header before the entry's name (APPNOTE 4.3.7).
-pub(super) const FIXED: usize = 30;
+const FIXED: usize = 30;
 /// The name `torch.save` gives the pickle (after the archive's folder).
 const DATA_PKL: &[u8] = b"data.pkl";
 
 /// The lengths of the name and the extra field that follow the fixed part `head` of the first
 /// entry's local header, once it is checked to be a stored entry.
-pub(super) fn name_and_extra(head: &[u8]) -> Result<(usize, usize), ReadError> {
-    let Some(head) = head.get(..FIXED) else {
-        return Err(shape("byte 0", "a zip archive cut short in its first entry's header: not a snapshot"));
-    };
+fn name_and_extra(head: &[u8]) -> Result<(usize, usize), ReadError> {
+    let Some(head) = head.get(..FIXED) else { return Err(cut_short("byte 0")) };
     let u16_at = |i: usize| u16::from_le_bytes([head[i], head[i + 1]]);
     let method = u16_at(8);
     if method != 0 {
@@ -37,7 +37,7 @@ pub(super) fn name_and_extra(head: &[u8]) -> Result<(usize, usize), ReadError> {
 }
 
 /// Check that the first entry's `name` is a `data.pkl`.
-pub(super) fn check_name(name: &[u8]) -> Result<(), ReadError> {
+fn check_name(name: &[u8]) -> Result<(), ReadError> {
     let base = name.rsplit(|&b| b == b'/').next().unwrap_or(name);
     if base == DATA_PKL {
         Ok(())
@@ -55,10 +55,27 @@ pub(super) fn pickle_offset(data: &[u8]) -> Result<usize, ReadError> {
     // As a reader sees it: the name and the extra field read in one go, then the name checked.
     let start = FIXED + name + extra;
     if start > data.len() {
-        return Err(shape("byte 30", "a zip archive cut short in its first entry's header: not a snapshot"));
+        return Err(cut_short("byte 30"));
     }
     check_name(&data[FIXED..FIXED + name])?;
     Ok(start)
+}
+
+/// Read the first entry's local header from `stream`, checked as [`pickle_offset`] checks it,
+/// leaving the stream at the pickle.
+pub(super) fn skip_header(stream: &mut impl Read) -> Result<(), ReadError> {
+    let mut fixed = [0u8; FIXED];
+    let got = read_up_to(stream, &mut fixed)?;
+    let (name, extra) = name_and_extra(&fixed[..got])?;
+    let mut rest = vec![0u8; name + extra];
+    if read_up_to(stream, &mut rest)? < rest.len() {
+        return Err(cut_short("byte 30"));
+    }
+    check_name(&rest[..name])
+}
+
+fn cut_short(at: &str) -> ReadError {
+    shape(at, "a zip archive cut short in its first entry's header: not a snapshot")
 }
 
 #[cfg(test)]

@@ -48,13 +48,22 @@ const CHUNKS_PER_THREAD: usize = 4;
 /// The smallest window asked for, whatever the threads and chunk size.
 const MIN_WINDOW: usize = 4 << 20;
 
+/// The chunk size: [`ReadOptions::chunk_bytes`](crate::ReadOptions) when set, else
+/// [`CHUNK_BYTES`].
+fn chunk_bytes(configured: usize) -> usize {
+    if configured == 0 {
+        CHUNK_BYTES
+    } else {
+        configured
+    }
+}
+
 /// Bytes to be shown at a time: [`CHUNKS_PER_THREAD`] chunks for each of rayon's threads,
 /// from [`MIN_WINDOW`] up to the VM's cap.
-pub(super) fn window_bytes(chunk_bytes: usize) -> usize {
-    let chunk_bytes = if chunk_bytes == 0 { CHUNK_BYTES } else { chunk_bytes };
+pub(super) fn window_bytes(configured: usize) -> usize {
     rayon::current_num_threads()
         .saturating_mul(CHUNKS_PER_THREAD)
-        .saturating_mul(chunk_bytes)
+        .saturating_mul(chunk_bytes(configured))
         .clamp(MIN_WINDOW, memsnap_pickle::MAX_FAST_FORWARD_WINDOW)
 }
 
@@ -79,8 +88,7 @@ pub(super) fn fast_forward(b: &mut Builder, ahead: Ahead<'_, '_>) -> Result<Opti
         return Ok(None);
     }
     let Some(frame_rel) = frame_end.checked_sub(offset) else { return Ok(None) };
-    let chunk_bytes = if b.chunk_bytes == 0 { CHUNK_BYTES } else { b.chunk_bytes };
-    let (bounds, chain_to_end) = chunk_bounds(bytes, frame_rel, chunk_bytes);
+    let (bounds, chain_to_end) = chunk_bounds(bytes, frame_rel, chunk_bytes(b.chunk_bytes));
     if bounds.len() < 2 || !batch_starts(bytes, 0, view, true) {
         // Not a trace going on (the end of one, or a small list): the VM reads on alone for a
         // while, so that a pickle of many small lists does not fill a window per list.
