@@ -138,6 +138,10 @@ pub enum LeakOrigin {
     /// Tensors made by the autograd engine that are not gradients of parameters (a backward hook
     /// keeping `grad_output`, the `.grad` that `retain_grad()` gives a kept activation).
     Backward,
+    /// Parameters and buffers of models built at one line round after round (a sweep, k-fold,
+    /// an ensemble trained one member at a time), every one still allocated: each model built is
+    /// kept, not only the one the loop variable holds.
+    ModelsKept,
     /// No stacks recorded: growth measured, origin unknown.
     Unattributed,
     /// Optimizer state (moments, momentum buffers) made in every iteration and kept: the

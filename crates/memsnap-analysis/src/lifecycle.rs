@@ -62,7 +62,10 @@ pub struct Unit {
     pub survived_pass: u32,
     /// Bytes of the pass's blocks alive when it returned (what autograd saved, with grad on).
     pub saved_bytes: u64,
-    /// Grad was enabled (many blocks outlived the pass).
+    /// Distinct allocation stacks among the blocks alive when the pass returned.
+    pub saved_stacks: u32,
+    /// Grad was enabled (many blocks outlived the pass, or blocks from many lines: see
+    /// `Thresholds::min_saved_stacks`).
     pub grad_on: bool,
     /// A block of this unit still allocated after this event is held by more than a rebound
     /// variable or the evaluation loop's own list: the end of the second unit after this one, or
@@ -189,6 +192,7 @@ pub fn lifecycle(
                 pass_blocks: 0,
                 survived_pass: 0,
                 saved_bytes: 0,
+                saved_stacks: 0,
                 grad_on: false,
                 horizon: n,
             }
@@ -322,6 +326,7 @@ pub fn lifecycle(
     // Grad evidence and fates.
     units.par_iter_mut().zip(&members).zip(&consumer).for_each(|((unit, members), consumer)| {
         let last_pass_event = unit.pass_span.end.saturating_sub(1);
+        let mut saved_stacks = FxHashSet::default();
         for &(bi, in_pass) in members {
             let b = &d.blocks[bi];
             if in_pass {
@@ -329,12 +334,18 @@ pub fn lifecycle(
                 if alive_after(b, last_pass_event) {
                     unit.survived_pass += 1;
                     unit.saved_bytes += b.size;
+                    if let Some(a) = b.alloc_event() {
+                        saved_stacks.insert(events[a as usize].stack);
+                    }
                 }
             }
         }
+        unit.saved_stacks = saved_stacks.len() as u32;
+        let share = |f: f64| unit.survived_pass as f64 >= f * unit.pass_blocks as f64;
         unit.grad_on = unit.pass_blocks >= th.min_pass_blocks
             && unit.survived_pass >= th.min_saved_blocks
-            && unit.survived_pass as f64 >= th.saved_fraction * unit.pass_blocks as f64;
+            && (share(th.saved_fraction)
+                || unit.saved_stacks >= th.min_saved_stacks && share(th.sparse_saved_fraction));
         unit.fate = match *consumer {
             Some(bw) => UnitFate::Consumed { backward: bw },
             None => {

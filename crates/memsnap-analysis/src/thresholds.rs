@@ -25,6 +25,18 @@ pub struct Thresholds {
     /// softmax, dropout masks): typically 50-80% survive. Under `no_grad` the outputs survive, plus
     /// a KV cache (2 tensors per layer of ~15 allocations): under 20%.
     pub saved_fraction: f64,
+    /// Distinct allocation stacks among a pass's surviving blocks that mean autograd saved them
+    /// even below `saved_fraction` (16), when at least `sparse_saved_fraction` of the pass's
+    /// blocks survive. Autograd saves tensors all through a model, so with grad on the survivors
+    /// come from dozens of lines (every layer type's convolutions, norms, activations); a model
+    /// whose pass also runs much non-differentiable code (a detector's anchors, box decoding,
+    /// sampling and NMS: three quarters of its blocks) falls under `saved_fraction` while its
+    /// survivors still span 30-40 stacks. Under `no_grad` the survivors are the outputs and the
+    /// cache writes, from a handful of lines (2-3 on the fixtures' KV caches, each layer's cache
+    /// write sharing one stack).
+    pub min_saved_stacks: u32,
+    /// Share of a pass's blocks that must survive it for `min_saved_stacks` to count (0.15).
+    pub sparse_saved_fraction: f64,
     /// Share of the peak that a suspect of severity `peak` must account for (0.05): one that is
     /// released later matters only through the peak, and a few percent of it is within what batch
     /// composition and allocator rounding move anyway.
@@ -91,6 +103,8 @@ impl Thresholds {
         min_pass_blocks: 4,
         min_saved_blocks: 3,
         saved_fraction: 0.3,
+        min_saved_stacks: 16,
+        sparse_saved_fraction: 0.15,
         min_peak_share: 0.05,
         min_leak_occurrences: 3,
         leak_occurrence_share: 0.5,

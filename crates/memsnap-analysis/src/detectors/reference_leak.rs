@@ -46,6 +46,7 @@ enum Origin {
     User,
     Backward,
     Optimizer,
+    Construction,
 }
 
 #[derive(Default)]
@@ -256,7 +257,13 @@ impl Detector for ReferenceLeak {
                         // A training unit also holds what the user's code made for the pass
                         // outside the module calls (the batch, a mask): not forward outputs. The
                         // occurrence is the iteration either way, as for user code elsewhere.
-                        let origin = if origin == Origin::Trained && !ub.in_pass { Origin::User } else { origin };
+                        // A model built before the pass (`.cuda()` of a new model, then its
+                        // first step) is construction, whatever pass follows it.
+                        let origin = match origin {
+                            _ if !ub.in_pass && info.construction && !info.forward => Origin::Construction,
+                            Origin::Trained if !ub.in_pass => Origin::User,
+                            _ => origin,
+                        };
                         groups.add(Key::Line(line, origin), ub.block, b.size, occ, kept, evicted, pass, stack);
                         if origin == Origin::NoGrad {
                             per_call.add(
@@ -303,6 +310,14 @@ impl Detector for ReferenceLeak {
                     // (`add_param_group` in the loop). Its scratch is freed within the step.
                     Attr::Site(s) if info.optimizer && !info.forward && !info.construction && !info.recompute => {
                         Key::Line(Some(s), Origin::Optimizer)
+                    }
+                    // A model built at this line (`Module.__init__`, `.to()`/`.cuda()`) between
+                    // iterations: its parameters and buffers. Built once, it is not growth;
+                    // built again and again while the earlier ones are rebound away, one copy is
+                    // alive at a time (n08); every copy kept is a model kept per round (a sweep
+                    // or k-fold loop that stores each trained model: n07).
+                    Attr::Site(s) if info.construction && !info.optimizer && !info.forward && !info.recompute => {
+                        Key::Line(Some(s), Origin::Construction)
                     }
                     Attr::NoFrames => Key::Unattributed,
                     _ => return groups,
@@ -404,6 +419,7 @@ impl Detector for ReferenceLeak {
                         Origin::GraphReleased => LeakOrigin::ReleasedGraphForward,
                         Origin::User => LeakOrigin::UserCode,
                         Origin::Backward => LeakOrigin::Backward,
+                        Origin::Construction => LeakOrigin::ModelsKept,
                         Origin::Optimizer if cx.stacks.get(g.largest.1).lbfgs => LeakOrigin::OptimizerHistory,
                         // Made in every iteration for the same parameters: no new parameters,
                         // so not their state. The user's own step keeps something per step
@@ -500,8 +516,8 @@ impl Detector for ReferenceLeak {
 }
 
 /// Did the iterations go on after the last one in which the line allocated, for at least as many
-/// iterations as it allocated in (and `min_leak_occurrences`)? `eligible`: the iterations the line
-/// allocated in, ascending.
+/// iterations as it allocated in (and `min_leak_occurrences`), and for longer than the line ever
+/// paused while it allocated? `eligible`: the iterations the line allocated in, ascending.
 ///
 /// Mechanism. A line that fills a cache on a miss (`if i not in self.gpu: self.gpu[i] =
 /// x.cuda()`, a dataset cached on the GPU at its first read: q36) allocates only while keys are
@@ -509,10 +525,14 @@ impl Detector for ReferenceLeak {
 /// leak; once every key has been met it allocates no more while training goes on. A leak keeps
 /// making what it keeps for as long as the program runs (p08 keeps one step in three to the end).
 /// The near miss: the same line with new keys every iteration (a cache keyed by a request id).
+/// A line that keeps something once every few iterations (a model built and kept per trial of a
+/// sweep, every 15 training steps: n07) has not stopped while the iterations after its last
+/// allocation are no more than its own pause between two allocations.
 fn iterations_went_on_without_the_line(cx: &Context, eligible: &[usize]) -> bool {
     let Some(&last) = eligible.last() else { return false };
     let after = cx.phases.iteration_count().saturating_sub(last + 1);
-    eligible.len() >= cx.thresholds.min_leak_occurrences && after >= eligible.len()
+    let longest_pause = eligible.windows(2).map(|w| w[1] - w[0] - 1).max().unwrap_or(0);
+    eligible.len() >= cx.thresholds.min_leak_occurrences && after >= eligible.len() && after > longest_pause
 }
 
 /// Did the program's loop go on, without running the model from this line, for at least as many

@@ -2,6 +2,7 @@
 //! Synthetic traces of the script in `common/scenario.rs`: positives and near misses.
 
 use crate::common;
+use crate::common::GRANULE;
 
 use common::prelude::*;
 
@@ -160,4 +161,41 @@ fn passes_awaiting_backward_at_an_oom_are_not_evaluation() {
     let s = the_one(&a, SuspectKind::RetainedGraph);
     assert!(matches!(s.facts, Evidence::RetainedGraph { hold: GraphHold::AwaitingBackward, .. }), "{}", describe(&a));
     assert!(!of_kind(&a, SuspectKind::Oom).is_empty());
+}
+
+/// With grad on, autograd saves tensors all through the model, so the survivors come from 20
+/// lines: grad on despite the low share (Faster R-CNN in fixtures/extra11/n02: 22% of its blocks
+/// from ~37 stacks). What each pass keeps is then its graph: a missing `no_grad`, not outputs
+/// of a no-grad pass kept by a reference.
+#[test]
+fn no_grad_missing_detector_evaluation_saves_few_blocks_from_many_lines() {
+    let mut p = Program::new(2);
+    train(&mut p, Train::default());
+    detector_evaluation(&mut p, 20);
+    let a = analyze_snapshot(&p.t.finish());
+    let s = the_one(&a, SuspectKind::NoGradMissing);
+    assert_site(&s, TRAIN, 30, &a);
+    assert_eq!(s.severity, Severity::Leak);
+    assert_none_of(&a, SuspectKind::ReferenceLeak);
+}
+
+/// Near miss: the same share of survivors from two lines (a cache written by every layer at one
+/// line, as a KV cache is, and its outputs) is what a no-grad pass keeps: not grad on, so the
+/// kept blocks are outputs held by a reference.
+#[test]
+fn no_grad_missing_near_miss_few_survivors_from_few_lines_are_not_grad() {
+    let mut p = Program::new(2);
+    train(&mut p, Train::default());
+    detector_evaluation(&mut p, 2);
+    let a = analyze_snapshot(&p.t.finish());
+    assert_none_of(&a, SuspectKind::NoGradMissing);
+    assert_none_of(&a, SuspectKind::RetainedGraph);
+    // Outputs of passes run without grad, kept by a reference: all 80 at the line that ran the
+    // model.
+    let leaks = of_kind(&a, SuspectKind::ReferenceLeak);
+    assert!(
+        leaks.iter().any(|s| s.site.as_ref().is_some_and(|f| f.line == 30) && s.bytes == 80 * GRANULE),
+        "{}",
+        describe(&a)
+    );
 }

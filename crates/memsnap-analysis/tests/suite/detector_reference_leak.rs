@@ -2,6 +2,8 @@
 //! Synthetic traces of the script in `common/scenario.rs`: positives and near misses.
 
 use crate::common;
+use crate::common::program::MODULE;
+use crate::common::GRANULE;
 
 use common::prelude::*;
 
@@ -426,4 +428,51 @@ fn reference_leak_lbfgs_history_is_bounded_waste() {
         "{}",
         describe(&a)
     );
+}
+
+/// A sweep: every round builds a model at `train.py:50` (`Net().cuda()`: construction frames),
+/// trains 5 steps and either keeps it in a list of results (`keep`) or lets the next round's
+/// build rebind it. Returns the bytes of one model.
+fn sweep(p: &mut Program, rounds: usize, keep: bool) -> u64 {
+    let build = [(MODULE, 1155, "<lambda>"), (MODULE, 942, "_apply"), (MODULE, 1155, "cuda"), top(50)];
+    let sizes = [GRANULE, 2 * GRANULE, 2 * GRANULE];
+    let mut previous: Vec<Blk> = Vec::new();
+    for _ in 0..rounds {
+        let model: Vec<Blk> = sizes.iter().map(|&s| p.t.alloc(s, &build)).collect();
+        if !keep {
+            for b in previous.drain(..) {
+                p.t.free(b, &build);
+            }
+        }
+        previous = model;
+        train(p, Train { steps: 5, ..Train::default() });
+    }
+    sizes.iter().sum()
+}
+
+/// Models built round after round and all kept (fixtures/extra11/n07): the parameters of every
+/// round, at the build line, origin `models_kept`. The rounds come every 5 iterations and the
+/// trace ends 4 iterations after the last build: no longer than the line's own pause, so not a
+/// fill that stopped.
+#[test]
+fn reference_leak_models_built_each_round_and_kept() {
+    let mut p = Program::new(2);
+    let model = sweep(&mut p, 4, true);
+    let a = analyze_snapshot(&p.t.finish());
+    let s = the_one(&a, SuspectKind::ReferenceLeak);
+    assert_site(&s, TRAIN, 50, &a);
+    assert_eq!(s.bytes, 4 * model, "{}", describe(&a));
+    assert!(
+        matches!(s.facts, Evidence::ReferenceLeak { origin: memsnap_analysis::LeakOrigin::ModelsKept, .. }),
+        "{}",
+        describe(&a)
+    );
+}
+
+/// Near miss: each round's model is let go when the next one is built (n08): one alive at a time.
+#[test]
+fn reference_leak_near_miss_models_rebuilt_and_rebound() {
+    let mut p = Program::new(2);
+    sweep(&mut p, 4, false);
+    assert_none_of(&analyze_snapshot(&p.t.finish()), SuspectKind::ReferenceLeak);
 }

@@ -108,6 +108,13 @@ fn state_only_cache() -> Snapshot {
     snap
 }
 
+fn detector_eval_keeps_detections() -> Snapshot {
+    let mut p = Program::new(2);
+    train(&mut p, Train::default());
+    detector_evaluation(&mut p, 20);
+    p.t.finish()
+}
+
 type Case = (&'static str, fn() -> Snapshot, fn(&mut Thresholds), fn(&mut Thresholds), fn(&Analysis) -> bool);
 
 fn default(_: &mut Thresholds) {}
@@ -150,6 +157,21 @@ const CASES: &[Case] = &[
         eval_keeps_logits,
         default,
         |t| t.saved_fraction = 1.01,
+        |a| has(a, SuspectKind::NoGradMissing, Severity::Leak),
+    ),
+    // 20% of the passes' blocks survive, from 20 lines: grad on only by the count of lines.
+    (
+        "min_saved_stacks",
+        detector_eval_keeps_detections,
+        default,
+        |t| t.min_saved_stacks = 21,
+        |a| has(a, SuspectKind::NoGradMissing, Severity::Leak),
+    ),
+    (
+        "sparse_saved_fraction",
+        detector_eval_keeps_detections,
+        default,
+        |t| t.sparse_saved_fraction = 0.25,
         |a| has(a, SuspectKind::NoGradMissing, Severity::Leak),
     ),
     (
