@@ -106,11 +106,20 @@ pub struct Lifecycle {
     pub blocks: Vec<Vec<UnitBlock>>,
     /// Unit of each block of `DeviceReplay::blocks` (`u32::MAX`: none).
     pub unit_of_block: Vec<u32>,
+    /// One-off blocks, ascending: never freed, and no other block of the trace has their
+    /// allocation stack and size (a library's workspace or lazily made state, created the
+    /// first time an operation runs). Autograd does not free them, and nothing repeats them.
+    pub one_off: Vec<usize>,
 }
 
 impl Lifecycle {
     pub fn unit_of(&self, block: usize) -> Option<usize> {
         self.unit_of_block.get(block).copied().filter(|&u| u != u32::MAX).map(|u| u as usize)
+    }
+
+    /// Is `block` a one-off block (see [`Lifecycle::one_off`])?
+    pub fn is_one_off(&self, block: usize) -> bool {
+        self.one_off.binary_search(&block).is_ok()
     }
 
     /// Does a reference hold unit `u`'s graph, rather than a few of its tensors?
@@ -262,6 +271,16 @@ pub fn lifecycle(
             }
             a
         });
+    let one_off: Vec<usize> = d
+        .blocks
+        .par_iter()
+        .enumerate()
+        .filter(|(_, b)| b.freed_at().is_none())
+        .filter_map(|(bi, b)| {
+            let a = b.alloc_event()?;
+            (recurrence.get(&(events[a as usize].stack, b.size)) == Some(&1)).then_some(bi)
+        })
+        .collect();
     // Lines that make a pass's inputs: those allocating in the gap before a pass (after a
     // backward, or before the first pass). When the same line allocates again right after a
     // pass, it is making the next pass's inputs, not computing on this pass's result.
@@ -291,7 +310,7 @@ pub fn lifecycle(
             if !info.python || info.recompute || info.backward_launch || info.optimizer || private[bi] {
                 return None;
             }
-            if b.freed_at().is_none() && recurrence.get(&(stack, b.size)) == Some(&1) {
+            if one_off.binary_search(&bi).is_ok() {
                 return None;
             }
             let here = unit_at(a)
@@ -420,7 +439,7 @@ pub fn lifecycle(
                 .collect()
         })
         .collect();
-    Lifecycle { units, blocks, unit_of_block }
+    Lifecycle { units, blocks, unit_of_block, one_off }
 }
 
 /// Mark unconsumed grad-on units that feed a retaining backward together with the pass right
