@@ -212,8 +212,9 @@ pub struct IterationsBy {
 /// Blocks alive at the dump, made before the trace's first event, of the sizes the suspect's kept
 /// blocks have, whose dump stacks name the suspect's line the same way its kept blocks do (the
 /// line that ran the model, for kept outputs; the user's line, for user code). When the ring
-/// buffer wrapped or recording started late, the trace shows only the last part of a leak: the
-/// allocator kept the stack of every block still allocated, so the earlier part is these. They
+/// buffer wrapped, the trace shows only the last part of a leak: the allocator kept the stack of
+/// every block still allocated that was made while recording was on, so the earlier part is
+/// these (blocks made before recording started have no stack, and are not counted). They
 /// are not in the suspect's bytes (no occurrence of them was seen), only said.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct BeforeTrace {
