@@ -881,3 +881,24 @@ fn kept_activation_gradients_count_without_the_current_parameter_gradients() {
     let clean = analyze(&fixture_with_prefix("extra10", "k02_"));
     assert!(of_kind(&clean, "reference_leak").is_empty(), "k02:{}", describe(&clean));
 }
+
+/// A state-only recording (`enabled="state"`, fixtures/extra11, real runs) dumped while a GPT-2
+/// decodes (n24): the 8 blocks of transformers' KV cache come from the line that runs the model,
+/// as many blocks as a leak would leave, but a dump alone cannot tell one generation's cache
+/// from caches kept across requests: no suspect, and a caveat says why. A state-only leak of
+/// kept feature maps (n25) is still found at its line (l.23, 24 x 2 MiB).
+#[test]
+fn a_state_only_dump_during_generation_is_not_a_leak_of_its_kv_cache() {
+    let out = analyze(&fixture_with_prefix("extra11", "n24_"));
+    assert!(of_kind(&out, "reference_leak").is_empty(), "{}", describe(&out));
+    let caveats = out["devices"][0]["caveats"].to_string();
+    assert!(caveats.contains("8 blocks alive at the dump (2.25 MiB) hold transformers' KV cache"), "{caveats}");
+
+    let path = fixture_with_prefix("extra11", "n25_");
+    let script = format!("{}.py", stem(&path));
+    let out = analyze(&path);
+    let leaks = of_kind(&out, "reference_leak");
+    let fmaps = leaks.iter().find(|s| at(s, &script, 23)).unwrap_or_else(|| panic!("{}", describe(&out)));
+    assert_eq!(fmaps["facts"]["origin"], "state_only", "{}", fmaps["facts"]);
+    assert_eq!(fmaps["bytes"].as_u64(), Some(24 * (2 << 20)), "{}", describe(&out));
+}

@@ -452,6 +452,13 @@ fn analyze_device(
             thresholds.min_leak_occurrences
         )
     }));
+    if let Some((blocks, bytes)) = detectors::reference_leak::state_kv_cache(&cx) {
+        caveats.push(format!(
+            "{} alive at the dump ({}) hold transformers' KV cache (`cache_utils.py`): without a trace that says when they were made, one generation's cache cannot be told from caches kept across requests, so they are not read as a leak; record with a trace (`_record_memory_history(enabled=\"all\")`) to tell",
+            memsnap_model::plural(blocks as u64, "block", "blocks"),
+            memsnap_model::format_bytes(bytes, 2)
+        ));
+    }
     caveats.extend(detectors::reference_leak::input_growth(&cx).into_iter().map(|(line, input, passes)| {
         format!(
             "the tensor made at {} before each forward pass grew from {} to {} over the trace, and the passes it feeds grew with it ({} to {} allocated per pass): memory climbs because the shapes of the work grow (a length curriculum, growing images, decoding without a KV cache), not because a reference keeps tensors; whether the growth stops is up to the schedule, which the snapshot does not show",

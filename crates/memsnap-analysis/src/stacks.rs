@@ -60,6 +60,10 @@ pub struct StackInfo {
     /// Model or optimizer construction: `Module.to/cuda/_apply` or a module's `__init__` /
     /// `reset_parameters` (parameters and buffers), as opposed to tensors made by running code.
     pub construction: bool,
+    /// Made by transformers' KV cache (`transformers/cache_utils.py`, the `Cache` classes'
+    /// `update`): the keys and values a model holds between decoding steps, one pair of tensors
+    /// per layer, re-made larger each token.
+    pub kv_cache: bool,
     /// The user frames from `forward_call` outwards (the user code path that ran the model),
     /// hashed: two passes with the same value were run by the same code path, line for line.
     /// 0 when the stack is not inside a module call.
@@ -192,6 +196,9 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], forward_callers: &FxHashSet<FrameI
             && matches!(name, "_apply" | "to" | "cuda" | "__init__" | "reset_parameters" | "_load_from_state_dict")
         {
             s.construction = true;
+        }
+        if file.ends_with("transformers/cache_utils.py") {
+            s.kv_cache = true;
         }
         if file.contains("torch/optim/") {
             s.optimizer_code |= !s.optimizer && s.site.is_some();

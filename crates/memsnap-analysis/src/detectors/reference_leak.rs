@@ -941,7 +941,11 @@ fn state_only(cx: &Context, origin: LeakOrigin) -> Vec<Finding> {
 }
 
 /// The state-only groups of at least `state_min_same_site_blocks` live blocks: line -> (blocks,
-/// the stack of the largest).
+/// the stack of the largest). Blocks of transformers' KV cache are left out: a model holds one
+/// key and one value tensor per layer while it decodes (a 32-layer model, 64 blocks from the
+/// line that runs it), so at a dump taken during or right after generation they are many
+/// blocks from one line, and a dump alone cannot tell one request's cache from caches kept
+/// across requests (n24; [`state_kv_cache`] says so in a caveat).
 fn state_groups(cx: &Context) -> BTreeMap<FrameId, (Vec<usize>, StackId)> {
     let mut by: BTreeMap<FrameId, (Vec<usize>, StackId, u64)> = BTreeMap::new();
     for (bi, b) in cx.replay.blocks.iter().enumerate() {
@@ -950,7 +954,7 @@ fn state_groups(cx: &Context) -> BTreeMap<FrameId, (Vec<usize>, StackId)> {
         }
         let stack = crate::with_dump_stack(b, cx.replay.device, cx.dump_stacks).stack;
         let info = cx.stacks.get(stack);
-        if info.construction || info.optimizer || info.backward_launch || info.recompute {
+        if info.construction || info.optimizer || info.backward_launch || info.recompute || info.kv_cache {
             continue;
         }
         let Some(line) = info.forward_call.or(info.site) else { continue };
@@ -965,6 +969,23 @@ fn state_groups(cx: &Context) -> BTreeMap<FrameId, (Vec<usize>, StackId)> {
         .filter(|(_, (blocks, _, _))| blocks.len() as u64 >= cx.thresholds.state_min_same_site_blocks)
         .map(|(line, (blocks, stack, _))| (line, (blocks, stack)))
         .collect()
+}
+
+/// KV-cache blocks alive at the dump that the state-only reading left out (see [`state_groups`]):
+/// `(blocks, bytes)`, when the file is read from its state alone (no trace, or one without
+/// stacks) and there are any.
+pub(crate) fn state_kv_cache(cx: &Context) -> Option<(usize, u64)> {
+    if cx.traced && !stacks_only_at_dump(cx) {
+        return None;
+    }
+    let (n, bytes) = cx
+        .replay
+        .blocks
+        .iter()
+        .filter(|b| b.freed_at().is_none())
+        .filter(|b| cx.stacks.get(crate::with_dump_stack(b, cx.replay.device, cx.dump_stacks).stack).kv_cache)
+        .fold((0usize, 0u64), |(n, s), b| (n + 1, s + b.size));
+    (n > 0).then_some((n, bytes))
 }
 
 /// `Some(k)` when every block was made in the trace and they fall in only `k` (fewer than
