@@ -150,8 +150,9 @@ pub enum LeakOrigin {
     /// Optimizer state made again for parameters already met, every few iterations, and kept:
     /// new optimizers over the same parameters (restarts) while the old ones stay referenced.
     OptimizerStateRemade,
-    /// Tensors the user's own code run by an optimizer step (a `step` they wrote, a step hook) made in every iteration for
-    /// the same parameters and kept: a history of updates or gradients it keeps, not state.
+    /// Tensors the user's own code run by an optimizer step (a `step` they wrote, a step hook)
+    /// made in every iteration for the same parameters and kept: a history of updates,
+    /// gradients or parameter copies, not state.
     OptimizerKeepsPerStep,
     /// L-BFGS's history of update directions (`torch.optim.LBFGS`): a new pair of vectors the
     /// size of all parameters each step, kept up to `history_size` pairs, then the oldest

@@ -62,10 +62,8 @@ pub struct Unit {
     pub survived_pass: u32,
     /// Bytes of the pass's blocks alive when it returned (what autograd saved, with grad on).
     pub saved_bytes: u64,
-    /// Distinct allocation stacks among the blocks alive when the pass returned.
-    pub saved_stacks: u32,
-    /// Grad was enabled (many blocks outlived the pass, or blocks from many lines: see
-    /// `Thresholds::min_saved_stacks`).
+    /// Grad was enabled (many blocks outlived the pass, or blocks from many allocation stacks:
+    /// see `Thresholds::min_saved_stacks`).
     pub grad_on: bool,
     /// A block of this unit still allocated after this event is held by more than a rebound
     /// variable or the evaluation loop's own list: the end of the second unit after this one, or
@@ -201,7 +199,6 @@ pub fn lifecycle(
                 pass_blocks: 0,
                 survived_pass: 0,
                 saved_bytes: 0,
-                saved_stacks: 0,
                 grad_on: false,
                 horizon: n,
             }
@@ -359,12 +356,11 @@ pub fn lifecycle(
                 }
             }
         }
-        unit.saved_stacks = saved_stacks.len() as u32;
         let share = |f: f64| unit.survived_pass as f64 >= f * unit.pass_blocks as f64;
         unit.grad_on = unit.pass_blocks >= th.min_pass_blocks
             && unit.survived_pass >= th.min_saved_blocks
             && (share(th.saved_fraction)
-                || unit.saved_stacks >= th.min_saved_stacks && share(th.sparse_saved_fraction));
+                || saved_stacks.len() as u32 >= th.min_saved_stacks && share(th.sparse_saved_fraction));
         unit.fate = match *consumer {
             Some(bw) => UnitFate::Consumed { backward: bw },
             None => {

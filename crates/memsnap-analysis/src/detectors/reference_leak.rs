@@ -650,9 +650,10 @@ fn loop_went_on_without_the_model(cx: &Context, own_line: Option<FrameId>, units
 /// `kept` blocks were made (see [`BeforeTrace`]): for outputs of passes, blocks made inside a
 /// model call from `line`; for user code, blocks whose innermost user line is `line`, outside
 /// model calls. Their stacks are the dump's: the allocator keeps one for every block still
-/// allocated that was made while recording was on. Only blocks of a size the kept ones have: a leak keeps the same tensors each time,
-/// while the first call of a line may also have made a one-off block that stays for good (the
-/// cuBLAS workspace of the first matmul, 32 MiB, k10), which no reference of the user's keeps.
+/// allocated that was made while recording was on. Only blocks of a size the kept ones have: a
+/// leak keeps the same tensors each time, while the first call of a line may also have made a
+/// one-off block that stays for good (the cuBLAS workspace of the first matmul, 32 MiB, k10),
+/// which no reference of the user's keeps.
 fn made_before_trace(cx: &Context, line: FrameId, origin: LeakOrigin, kept: &[usize]) -> Option<BeforeTrace> {
     let sizes: BTreeSet<u64> = kept.iter().map(|&bi| cx.replay.blocks[bi].size).collect();
     let matches = |info: &crate::stacks::StackInfo| match origin {
