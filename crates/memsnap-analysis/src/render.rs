@@ -131,7 +131,7 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
         Evidence::ReferenceLeak { origin, blocks, occurrences, eligible, occurrence, made_at, before_trace } => {
             let what = match origin {
                 LeakOrigin::TrainedForward => "outputs or intermediates of forward passes whose graphs a backward already freed, so no graph holds them",
-                LeakOrigin::NoGradForward => "outputs of forward passes run without grad, so no graph holds them",
+                LeakOrigin::NoGradForward => "outputs of forward passes run without grad (or tensors the code right after them made from them), so no graph holds them",
                 LeakOrigin::ReleasedGraphForward => "outputs or inputs of forward passes run with grad that no backward ran through, kept after their graphs were let go (a detached output, the batch), so no graph holds them",
                 LeakOrigin::UserCode => "tensors made at this line outside any model call",
                 LeakOrigin::Backward => "tensors made by the autograd engine that are not parameter gradients (the gradient of an activation, as a backward hook receives it, or as `retain_grad()` keeps it in the activation's `.grad` for as long as the activation lives)",
