@@ -840,6 +840,15 @@ fn a_detector_evaluated_with_grad_on_is_not_taken_for_a_no_grad_pass() {
     assert!(of_kind(&out, "reference_leak").is_empty(), "{}", describe(&out));
     let clean = analyze(&fixture_with_prefix("extra11", "n01_"));
     assert!(of_kind(&clean, "no_grad_missing").is_empty() && of_kind(&clean, "retained_graph").is_empty());
+    // RetinaNet evaluated without `no_grad`, only numbers kept (n33): a peak at l.37; Faster
+    // R-CNN's `no_grad` validation (n32) keeps a few stacks' detections: grad off, nothing.
+    let path = fixture_with_prefix("extra11", "n33_");
+    let script = format!("{}.py", stem(&path));
+    let out = analyze(&path);
+    let found = of_kind(&out, "no_grad_missing");
+    assert!(found.len() == 1 && at(found[0], &script, 37) && found[0]["severity"] == "peak", "n33:{}", describe(&out));
+    let clean = analyze(&fixture_with_prefix("extra11", "n32_"));
+    assert!(of_kind(&clean, "no_grad_missing").is_empty() && of_kind(&clean, "retained_graph").is_empty());
 }
 
 /// A learning-rate sweep (fixtures/extra11, real runs) that builds a model per trial, every 15
