@@ -305,9 +305,10 @@ pub fn validate(p: &mut Program, passes: usize, grad: Grad, keep_logits: bool) -
 }
 
 /// Evaluation passes of a detector-like model after training: per layer, one tensor autograd
-/// saves (`lines` distinct lines over 20 layers) and four temporaries of code it saves nothing
-/// for (anchors, box decoding, NMS), freed within the pass; each pass's detections are kept in a
-/// list, so what survived it stays. 20 of its 100 blocks survive a pass: under the 30% share.
+/// saves (from `saving_lines` distinct lines over 20 layers) and four temporaries of code it
+/// saves nothing for (anchors, box decoding, NMS), freed within the pass; each pass's detections
+/// are kept in a list, so what survived it stays. 20 of its 100 blocks survive a pass: under the
+/// 30% share.
 pub fn detector_evaluation(p: &mut Program, saving_lines: u32) {
     let user = [(TRAIN, 30, "validate"), top(40)];
     let model = |line: u32| chain(&[&[(MODEL, line, "forward"), CALL, WRAP], &user]);
