@@ -103,7 +103,6 @@ pub fn memsnap(args: &[&str]) -> Run {
     memsnap_in(None, args, None)
 }
 
-/// `memsnap summary PATH --json`, parsed.
 /// The bytes of an `.xz` file, decompressed.
 pub fn unxz(path: &Path) -> Vec<u8> {
     let mut out = Vec::new();
@@ -111,6 +110,7 @@ pub fn unxz(path: &Path) -> Vec<u8> {
     out
 }
 
+/// `memsnap summary PATH --json`, parsed.
 pub fn summary_json(path: &Path) -> serde_json::Value {
     let p = path.to_str().expect("utf-8 path");
     memsnap(&["summary", p, "--json"]).json()

@@ -368,19 +368,13 @@ impl Context<'_> {
             return out;
         }
         let retaining: BTreeSet<usize> = windows.iter().map(|w| w.2).collect();
-        // (stack, size) of every allocation: a block whose pair never recurs is a library's
-        // workspace made the first time an operation ran (cuBLAS), not a graph's tensor.
-        let mut recurrence: rustc_hash::FxHashMap<(StackId, u64), u32> = Default::default();
-        for b in bs {
-            if let Some(a) = b.alloc_event() {
-                *recurrence.entry((self.events[a as usize].stack, b.size)).or_default() += 1;
-            }
-        }
         // (iteration, size) of the inputs, with their graph's backward
         let mut inputs: std::collections::BTreeMap<(usize, u64), u32> = Default::default();
         for (bi, b) in bs.iter().enumerate() {
             let Some(a) = b.alloc_event().filter(|_| b.freed_at().is_none()) else { continue };
-            if recurrence.get(&(self.events[a as usize].stack, b.size)) == Some(&1) {
+            // A library's workspace made the first time an operation ran (cuBLAS), not a
+            // graph's tensor.
+            if lc.is_one_off(bi) {
                 continue;
             }
             if matches!(self.attr(b), Attr::Backward(_)) {

@@ -537,17 +537,20 @@ impl Detector for ReferenceLeak {
 /// before it kept (a leak keeps as many each iteration) is taken for gradients.
 fn current_parameter_gradients(cx: &Context) -> Vec<usize> {
     let Some(last) = cx.phases.iteration_count().checked_sub(1) else { return Vec::new() };
-    // (line, size) -> (blocks of the iteration before the last, blocks of the last).
+    // (line, size) -> (blocks of the iteration before the last, blocks of the last), from the
+    // engine's kept blocks per backward line (parameter-sized ones are never held by a graph).
     let mut counts: BTreeMap<(Option<FrameId>, u64), (usize, Vec<usize>)> = BTreeMap::new();
-    for (bi, b) in cx.replay.blocks.iter().enumerate() {
-        if b.freed_at().is_some() || !cx.param_sizes.contains(&b.size) {
-            continue;
-        }
-        let Attr::Backward(line) = cx.attr(b) else { continue };
-        match cx.iteration_of(b) {
-            Some(it) if it == last => counts.entry((line, b.size)).or_default().1.push(bi),
-            Some(it) if it + 1 == last => counts.entry((line, b.size)).or_default().0 += 1,
-            _ => {}
+    for g in cx.kept_backward_groups() {
+        for &bi in &g.blocks {
+            let b = &cx.replay.blocks[bi];
+            if !cx.param_sizes.contains(&b.size) {
+                continue;
+            }
+            match cx.iteration_of(b) {
+                Some(it) if it == last => counts.entry((g.line, b.size)).or_default().1.push(bi),
+                Some(it) if it + 1 == last => counts.entry((g.line, b.size)).or_default().0 += 1,
+                _ => {}
+            }
         }
     }
     let mut out: Vec<usize> = counts
@@ -949,11 +952,7 @@ fn state_only(cx: &Context, origin: LeakOrigin) -> Vec<Finding> {
 /// across requests (n24; [`state_kv_cache`] says so in a caveat).
 fn state_groups(cx: &Context) -> BTreeMap<FrameId, (Vec<usize>, StackId)> {
     let mut by: BTreeMap<FrameId, (Vec<usize>, StackId, u64)> = BTreeMap::new();
-    for (bi, b) in cx.replay.blocks.iter().enumerate() {
-        if b.freed_at().is_some() {
-            continue;
-        }
-        let stack = crate::with_dump_stack(b, cx.replay.device, cx.dump_stacks).stack;
+    for (bi, b, stack) in live_blocks_with_stacks(cx) {
         let info = cx.stacks.get(stack);
         if info.construction || info.optimizer || info.backward_launch || info.recompute || info.kv_cache {
             continue;
@@ -979,14 +978,23 @@ pub(crate) fn state_kv_cache(cx: &Context) -> Option<(usize, u64)> {
     if cx.traced && !stacks_only_at_dump(cx) {
         return None;
     }
-    let (n, bytes) = cx
-        .replay
+    let (n, bytes) = live_blocks_with_stacks(cx)
+        .filter(|&(_, _, stack)| cx.stacks.get(stack).kv_cache)
+        .fold((0usize, 0u64), |(n, s), (_, b, _)| (n + 1, s + b.size));
+    (n > 0).then_some((n, bytes))
+}
+
+/// The blocks alive at the dump, with their stacks (the dump's where the block's own has no
+/// frames: [`crate::with_dump_stack`]), as the state-only reading sees them.
+fn live_blocks_with_stacks<'c>(
+    cx: &'c Context,
+) -> impl Iterator<Item = (usize, &'c memsnap_replay::BlockLifetime, StackId)> + 'c {
+    cx.replay
         .blocks
         .iter()
-        .filter(|b| b.freed_at().is_none())
-        .filter(|b| cx.stacks.get(crate::with_dump_stack(b, cx.replay.device, cx.dump_stacks).stack).kv_cache)
-        .fold((0usize, 0u64), |(n, s), b| (n + 1, s + b.size));
-    (n > 0).then_some((n, bytes))
+        .enumerate()
+        .filter(|(_, b)| b.freed_at().is_none())
+        .map(|(bi, b)| (bi, b, crate::with_dump_stack(b, cx.replay.device, cx.dump_stacks).stack))
 }
 
 /// `Some(k)` when every block was made in the trace and they fall in only `k` (fewer than
