@@ -104,9 +104,13 @@ pub struct Lifecycle {
     pub blocks: Vec<Vec<UnitBlock>>,
     /// Unit of each block of `DeviceReplay::blocks` (`u32::MAX`: none).
     pub unit_of_block: Vec<u32>,
-    /// One-off blocks, ascending: never freed, and no other block of the trace has their
-    /// allocation stack and size (a library's workspace or lazily made state, created the
-    /// first time an operation runs). Autograd does not free them, and nothing repeats them.
+    /// One-off blocks, ascending: never freed, no other block of the trace has their
+    /// allocation stack and size, and made in the iteration where their stack first allocated
+    /// (a library's workspace or lazily made state, created the first time an operation runs).
+    /// Autograd does not free them, and nothing repeats them. A block of a later iteration is
+    /// not one: what a line keeps round after round can differ in size every time (tensors of
+    /// a varying number of rows, such as a mixture of experts' per-expert outputs, and blocks
+    /// the allocator did not split, whose size depends on the free block they came from).
     pub one_off: Vec<usize>,
 }
 
@@ -250,8 +254,7 @@ pub fn lifecycle(
         phases.backwards.get(j).is_none_or(|b| b.span.start >= u.span.start).then_some(k)
     };
     // Blocks that are not autograd's to free: private pools (CUDA graphs own their memory), and
-    // one-off blocks never freed whose stack and size never recur (a library's workspace or
-    // lazily made state, created the first time an operation runs).
+    // one-off blocks (see `Lifecycle::one_off`).
     let private = private_pool_blocks(d);
     // Counted per thread and summed: there are millions of blocks but few (stack, size) pairs.
     let recurrence: FxHashMap<(memsnap_model::StackId, u64), u32> = d
@@ -268,6 +271,21 @@ pub fn lifecycle(
             }
             a
         });
+    // The first allocation of each stack: lazily made state comes the first time its line runs.
+    let first_alloc: FxHashMap<memsnap_model::StackId, u32> = d
+        .blocks
+        .par_iter()
+        .filter_map(|b| b.alloc_event().map(|a| (events[a as usize].stack, a)))
+        .fold(FxHashMap::default, |mut m, (s, a)| {
+            m.entry(s).and_modify(|f: &mut u32| *f = (*f).min(a)).or_insert(a);
+            m
+        })
+        .reduce(FxHashMap::default, |mut a, b| {
+            for (s, f) in b {
+                a.entry(s).and_modify(|g: &mut u32| *g = (*g).min(f)).or_insert(f);
+            }
+            a
+        });
     let one_off: Vec<usize> = d
         .blocks
         .par_iter()
@@ -275,7 +293,10 @@ pub fn lifecycle(
         .filter(|(_, b)| b.freed_at().is_none())
         .filter_map(|(bi, b)| {
             let a = b.alloc_event()?;
-            (recurrence.get(&(events[a as usize].stack, b.size)) == Some(&1)).then_some(bi)
+            let stack = events[a as usize].stack;
+            let first = first_alloc.get(&stack).copied().unwrap_or(a);
+            (recurrence.get(&(stack, b.size)) == Some(&1) && phases.iteration_of(a) == phases.iteration_of(first))
+                .then_some(bi)
         })
         .collect();
     // Lines that make a pass's inputs: those allocating in the gap before a pass (after a

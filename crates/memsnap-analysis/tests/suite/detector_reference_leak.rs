@@ -2,7 +2,7 @@
 //! Synthetic traces of the script in `common/scenario.rs`: positives and near misses.
 
 use crate::common;
-use crate::common::program::MODULE;
+use crate::common::program::{LINEAR, MODULE};
 use crate::common::GRANULE;
 
 use common::prelude::*;
@@ -300,6 +300,40 @@ fn reference_leak_kept_only_after_a_warm_up() {
     assert_site(&s, TRAIN, 22, &a);
     assert_eq!(s.bytes, 6 * steps.logits_bytes, "{}", describe(&a));
     assert_eq!(s.growth_bytes_per_iteration, Some(steps.logits_bytes), "{}", describe(&a));
+}
+
+/// A mixture of experts whose layer appends its expert's output to a module-level list (n35):
+/// the output is made inside the module call, and its size differs every step (the tokens
+/// routed to the expert vary), so no (stack, size) pair recurs. Lazily made state comes in the
+/// iteration where its line first allocates; these come in every later one too, and every one
+/// is counted (before, each was taken for a one-off and the suspect was lost).
+#[test]
+fn reference_leak_expert_outputs_of_a_new_size_every_step() {
+    let mut p = Program::new(2);
+    let expert = chain(&[
+        &[(LINEAR, 125, "forward"), CALL, WRAP, (MODEL, 30, "forward"), CALL, WRAP, (MODEL, 42, "forward")],
+        &[CALL, WRAP, top(16)],
+    ]);
+    let mut kept = 0;
+    for step in 0..8u64 {
+        let x = p.batch(&[top(15)]);
+        let pass = p.forward(&[top(16)], Grad::Enabled, false);
+        // Still inside the model call: the expert's output, kept by the layer's list.
+        p.t.alloc((1 + step) * GRANULE, &expert);
+        kept += (1 + step) * GRANULE;
+        let loss = p.loss(&[top(17)]);
+        p.backward(&[top(18)], &[&pass], false);
+        p.step(&[top(19)]);
+        p.zero_grad(&[top(20)], ZeroGrad::SetToNone);
+        for b in [x, pass.logits, loss] {
+            p.t.free(b, &[top(23)]);
+        }
+    }
+    let a = analyze_snapshot(&p.t.finish());
+    let s = the_one(&a, SuspectKind::ReferenceLeak);
+    // Step 0's output is the only block of its line in the iteration where that line first
+    // allocated: it reads as lazily made state and is left out.
+    assert_eq!(s.bytes, kept - GRANULE, "{}", describe(&a));
 }
 
 /// A slow leak: a copy kept every third step (6 of 16 steps), never let go.
