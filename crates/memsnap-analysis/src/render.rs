@@ -127,7 +127,15 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
             format_bytes(*saved_bytes_per_pass, 2),
             agree(u64::from(*survived_blocks), "it", "them"),
             if *graphs_held { ", and the graphs are kept afterwards" } else { "" }
-        ),
+        ) + &if s.severity == Severity::Waste {
+            format!(
+                " They did not set the peak ({}, reached elsewhere), but held {:.0}% of it at their height, for nothing: a larger batch here would set it.",
+                format_bytes(peak, 2),
+                100.0 * s.bytes as f64 / peak.max(1) as f64
+            )
+        } else {
+            String::new()
+        },
         Evidence::ReferenceLeak { origin, blocks, occurrences, eligible, occurrence, made_at, before_trace } => {
             let what = match origin {
                 LeakOrigin::TrainedForward => "outputs or intermediates of forward passes whose graphs a backward already freed, so no graph holds them",

@@ -37,6 +37,16 @@ pub struct Thresholds {
     pub min_saved_stacks: u32,
     /// Share of a pass's blocks that must survive it for `min_saved_stacks` to count (0.15).
     pub sparse_saved_fraction: f64,
+    /// Share of the surviving blocks of the model's training passes (median; those of the same
+    /// call site, else all) that passes no backward uses must keep for their graphs to be
+    /// reported as waste when they do not set the peak (0.75). Autograd saves the same tensors
+    /// whether or not a backward follows (eval mode drops only dropout masks and batch-norm
+    /// statistics), so a pass run with grad on keeps about what a training pass keeps. Under
+    /// `no_grad` only its outputs survive: a shallow model that returns several tensors (an
+    /// LSTM's output and its two states, of 9 blocks) passes `saved_fraction` with them alone,
+    /// yet keeps fewer than its training passes save. At the peak the peak itself is the
+    /// evidence; away from it, this comparison is.
+    pub off_peak_saved_share: f64,
     /// Share of the peak that a suspect of severity `peak` must account for (0.05): one that is
     /// released later matters only through the peak, and a few percent of it is within what batch
     /// composition and allocator rounding move anyway.
@@ -105,6 +115,7 @@ impl Thresholds {
         saved_fraction: 0.3,
         min_saved_stacks: 16,
         sparse_saved_fraction: 0.15,
+        off_peak_saved_share: 0.75,
         min_peak_share: 0.05,
         min_leak_occurrences: 3,
         leak_occurrence_share: 0.5,

@@ -185,6 +185,14 @@ pub fn measure(cx: &Context, blocks: &[usize], boundaries: &[u32]) -> Measured {
     Measured { at_end, max_live, at_peak, growth, peak_without }
 }
 
+/// Does memory measured as `m` (`bytes` at stake) raise the peak by `min_peak_share` of it or
+/// more? Away from the peak, memory that is released costs nothing.
+fn raises_peak(cx: &Context, m: &Measured, bytes: u64) -> bool {
+    let peak = cx.replay.peaks.allocated.value;
+    let gain = m.peak_without.map_or(bytes, |w| peak.saturating_sub(w)).max(m.at_peak);
+    gain as f64 >= cx.thresholds.min_peak_share * peak as f64
+}
+
 /// Measure, threshold and render one finding.
 fn finish(cx: &Context, f: Finding) -> Option<Suspect> {
     let m = measure(cx, &f.blocks, &f.boundaries);
@@ -196,12 +204,8 @@ fn finish(cx: &Context, f: Finding) -> Option<Suspect> {
     if f.kind.is_leak() && bytes < cx.thresholds.min_suspect_bytes && !many {
         return None;
     }
-    let peak = cx.replay.peaks.allocated.value;
-    if f.kind.is_leak() && f.severity == Severity::Peak {
-        let gain = m.peak_without.map_or(bytes, |w| peak.saturating_sub(w)).max(m.at_peak);
-        if (gain as f64) < cx.thresholds.min_peak_share * peak as f64 {
-            return None;
-        }
+    if f.kind.is_leak() && f.severity == Severity::Peak && !raises_peak(cx, &m, bytes) {
+        return None;
     }
     let growth = if f.severity == Severity::Leak { m.growth } else { None };
     // Without allocations in the trace there is no peak to compare with.

@@ -9,7 +9,10 @@
 //! evaluation (`AwaitingBackward`) and are left to `retained_graph`.
 //!
 //! Claims: the blocks of those passes alive after each pass's unit ended. Severity `leak` when
-//! they are kept to the end from pass after pass, else `peak`. Blocks kept to the end of a pass
+//! they are kept to the end from pass after pass, else `peak`; `waste` when they do not set the
+//! peak but held at least `min_peak_share` of it, and the passes kept about as many blocks as
+//! the model's training passes save (`Thresholds::off_peak_saved_share`): graphs held for
+//! nothing, which a larger batch there would make the peak. Blocks kept to the end of a pass
 //! whose graph was let go (`Lifecycle::graph_held`: only a detached output or the inputs stay)
 //! are `reference_leak`'s: `no_grad` would not have freed them. Near miss: the same loop under
 //! `no_grad` (only outputs survive); a pass consumed by a later backward.
@@ -84,15 +87,44 @@ impl Detector for NoGradMissing {
                 }
             }
         }
+        // Blocks that survive the model's training passes (consumed by a backward): what
+        // autograd saves for it, per call site and over all.
+        let mut by_site: BTreeMap<Option<FrameId>, Vec<u32>> = BTreeMap::new();
+        let mut all = Vec::new();
+        for unit in &lc.units {
+            if matches!(unit.fate, UnitFate::Consumed { .. }) {
+                by_site.entry(unit.call_site).or_default().push(unit.survived_pass);
+                all.push(unit.survived_pass);
+            }
+        }
+        let trained: BTreeMap<Option<FrameId>, u32> =
+            by_site.into_iter().map(|(c, mut v)| (c, median(&mut v))).collect();
+        let trained_all = (!all.is_empty()).then(|| median(&mut all));
+        let th = cx.thresholds;
+        let peak = cx.replay.peaks.allocated.value;
         let mut out = Vec::new();
         for (call, mut g) in groups {
             let kept_units = g.kept_units.len();
             let growing = cx.is_growth(kept_units, g.units.len());
-            let severity = if growing { Severity::Leak } else { Severity::Peak };
+            let survived_blocks = median(&mut g.survived);
+            let boundaries: Vec<u32> = g.units.iter().map(|&u| lc.units[u].span.start).collect();
+            let mut severity = if growing { Severity::Leak } else { Severity::Peak };
+            if severity == Severity::Peak {
+                let reference = trained.get(&call).copied().or(trained_all);
+                let saves_like_training =
+                    reference.is_none_or(|r| f64::from(survived_blocks) >= th.off_peak_saved_share * f64::from(r));
+                let m = super::measure(cx, &g.blocks, &boundaries);
+                if saves_like_training
+                    && !super::raises_peak(cx, &m, m.max_live)
+                    && m.max_live as f64 >= th.min_peak_share * peak as f64
+                {
+                    severity = Severity::Waste;
+                }
+            }
             let facts = Evidence::NoGradMissing {
                 passes: g.units.len(),
                 windows: g.windows.len().max(1),
-                survived_blocks: median(&mut g.survived),
+                survived_blocks,
                 pass_blocks: median(&mut g.pass_blocks),
                 saved_bytes_per_pass: median(&mut g.saved),
                 call_site: call.map(|f| cx.site(f)),
@@ -104,7 +136,7 @@ impl Detector for NoGradMissing {
                 confidence: cx.growth_confidence(g.units.len(), g.units.len()).min(0.95),
                 blocks: g.blocks,
                 occurrence: Occurrence::Pass,
-                boundaries: g.units.iter().map(|&u| lc.units[u].span.start).collect(),
+                boundaries,
                 bytes: None,
                 site: call.map(|f| cx.site(f)),
                 stack: g.largest.1,

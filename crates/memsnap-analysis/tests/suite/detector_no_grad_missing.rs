@@ -3,6 +3,7 @@
 
 use crate::common;
 use crate::common::GRANULE;
+use memsnap_analysis::{analyze_with, Thresholds};
 
 use common::prelude::*;
 
@@ -87,21 +88,51 @@ fn no_grad_missing_near_miss_no_grad_frees_activations() {
     assert_no_suspects(&analyze_snapshot(&p.t.finish()));
 }
 
-/// Near miss: grad enabled in evaluation, but nothing is kept, so every pass's graph dies with
-/// its outputs (wasteful at the peak, not a leak).
+/// Grad enabled in evaluation, but nothing is kept, so every pass's graph dies with its
+/// outputs: no leak, and no peak either (training's own step, saved tensors and gradients,
+/// sets it). Each pass still holds a graph as large as a training pass's for nothing: waste,
+/// with the pass's saved bytes (o06: a NeRF render without `no_grad` under training's peak).
 #[test]
-fn no_grad_missing_near_miss_grad_enabled_nothing_kept() {
+fn no_grad_missing_grad_enabled_nothing_kept_is_waste() {
     let mut p = Program::new(2);
     epochs(&mut p, Grad::Enabled, false);
     let a = analyze_snapshot(&p.t.finish());
-    for k in [
-        SuspectKind::NoGradMissing,
-        SuspectKind::RetainedGraph,
-        SuspectKind::ReferenceLeak,
-        SuspectKind::UnreleasedGradient,
-    ] {
+    let s = the_one(&a, SuspectKind::NoGradMissing);
+    assert_eq!(s.severity, Severity::Waste, "{}", describe(&a));
+    assert!(s.evidence.contains("did not set the peak"), "{}", s.evidence);
+    for k in [SuspectKind::RetainedGraph, SuspectKind::ReferenceLeak, SuspectKind::UnreleasedGradient] {
         assert_none_of(&a, k);
     }
+}
+
+/// Near miss: a shallow model evaluated under `no_grad` whose pass returns three of the nine
+/// tensors it makes (an LSTM's output and its two states, z21): a third of its blocks survive
+/// it, the share autograd's saved tensors reach, yet the training passes keep ten. Away from
+/// the peak, only a pass that keeps about what training saves is said to hold graphs.
+#[test]
+fn no_grad_missing_near_miss_few_outputs_of_a_shallow_model_off_peak() {
+    let run = |th: &Thresholds| {
+        let mut p = Program::new(2);
+        train(&mut p, Train::default());
+        let user = [(TRAIN, 43, "<module>")];
+        let model = |line: u32| chain(&[&[(MODEL, line, "forward"), CALL, WRAP], &user]);
+        let size = 2 * p.act;
+        let made: Vec<Blk> = (0..9).map(|k| p.t.alloc(size, &model(60 + k))).collect();
+        for &b in &made[..6] {
+            p.t.free(b, &model(70));
+        }
+        // `logits, h = model(x, h)`, read with `.item()`, then `del logits, h`.
+        p.t.alloc(GRANULE, &[(TRAIN, 44, "<module>")]);
+        for &b in &made[6..] {
+            p.t.free(b, &[(TRAIN, 45, "<module>")]);
+        }
+        let snap = p.t.finish();
+        analyze_with(&snap, &memsnap_replay::replay(&snap), th)
+    };
+    assert_none_of(&run(&Thresholds::DEFAULT), SuspectKind::NoGradMissing);
+    // Without the comparison with training, the outputs read as graphs held for nothing.
+    let loose = run(&Thresholds { off_peak_saved_share: 0.0, ..Thresholds::DEFAULT });
+    assert_eq!(the_one(&loose, SuspectKind::NoGradMissing).severity, Severity::Waste, "{}", describe(&loose));
 }
 
 // ------------------------------------------------------------------------------------------

@@ -40,6 +40,13 @@ fn eval_keeps_logits() -> Snapshot {
     p.t.finish()
 }
 
+fn eval_builds_graphs_and_drops_them() -> Snapshot {
+    let mut p = Program::new(2);
+    train(&mut p, Train::default());
+    validate(&mut p, 4, Grad::Enabled, false);
+    p.t.finish()
+}
+
 fn grads_kept() -> Snapshot {
     let mut p = Program::new(2);
     train(&mut p, Train { zero: ZeroGrad::SetToNoneButReferenced, ..Train::default() });
@@ -173,6 +180,15 @@ const CASES: &[Case] = &[
         default,
         |t| t.sparse_saved_fraction = 0.25,
         |a| has(a, SuspectKind::NoGradMissing, Severity::Leak),
+    ),
+    // The evaluation passes keep as many blocks as the training passes save; away from the
+    // peak, that comparison is what makes their graphs waste.
+    (
+        "off_peak_saved_share",
+        eval_builds_graphs_and_drops_them,
+        default,
+        |t| t.off_peak_saved_share = 1.5,
+        |a| has(a, SuspectKind::NoGradMissing, Severity::Waste),
     ),
     (
         "min_peak_share",
