@@ -851,6 +851,30 @@ fn a_detector_evaluated_with_grad_on_is_not_taken_for_a_no_grad_pass() {
     assert!(of_kind(&clean, "no_grad_missing").is_empty() && of_kind(&clean, "retained_graph").is_empty());
 }
 
+/// A render without `no_grad` (fixtures/extra12, real runs) through the function training calls
+/// too (`render_rays`, whose model call is l.67 in o06 and l.64 in o15). o06's render (1.39 GiB
+/// of graphs) stays under training's own peak: waste, said so, not dropped; o15's larger render
+/// sets the peak. Both name the render's own line (l.101, l.98), which no training pass goes
+/// through, as where `no_grad` belongs. A clean twin (o05) renders under `no_grad`.
+#[test]
+fn graphs_of_an_evaluation_through_shared_code_are_named_at_the_evaluation() {
+    for (prefix, severity, call, eval) in [("o06_", "waste", 67, 101), ("o15_", "peak", 64, 98)] {
+        let path = fixture_with_prefix("extra12", prefix);
+        let script = format!("{}.py", stem(&path));
+        let out = analyze(&path);
+        let found = of_kind(&out, "no_grad_missing");
+        assert!(
+            found.len() == 1 && at(found[0], &script, call) && found[0]["severity"] == severity,
+            "{prefix}: expected one no_grad_missing [{severity}] at {script}:{call}, got:{}",
+            describe(&out)
+        );
+        assert_eq!(found[0]["facts"]["reached_from"]["line"].as_u64(), Some(eval), "{}", describe(&out));
+        let advice = found[0]["advice"].as_str().unwrap();
+        assert!(advice.contains(&format!("{script}:{eval}")), "{prefix}: {advice}");
+    }
+    assert!(of_kind(&analyze(&fixture_with_prefix("extra12", "o05_")), "no_grad_missing").is_empty());
+}
+
 /// A learning-rate sweep (fixtures/extra11, real runs) that builds a model per trial, every 15
 /// training steps, and stores each in its results (n07): the models' parameters, made by
 /// `.cuda()` at l.27, from 4 of 4 trials, origin `models_kept`. The trials' rhythm is not a fill

@@ -253,6 +253,11 @@ pub enum Evidence {
         /// Median bytes saved per pass.
         saved_bytes_per_pass: u64,
         call_site: Option<Site>,
+        /// The evaluation's own line when the call site also runs training passes: the
+        /// innermost user frame outward of the model call that these passes run through and no
+        /// training pass from that call site does (`render_image` calling a `render_rays` that
+        /// training calls too). `None` when the call site runs no training pass.
+        reached_from: Option<Site>,
         /// Their graphs are also held afterwards (a retained_graph suspect says by what).
         graphs_held: bool,
     },

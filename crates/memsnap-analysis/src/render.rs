@@ -114,12 +114,17 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
             pass_blocks,
             saved_bytes_per_pass,
             call_site,
+            reached_from,
             graphs_held,
         } => format!(
-            "{} called at {} ({}) {} never followed by a backward that used {}, yet {} of the {} a pass allocates outlived it ({} per pass): autograd saved {} for a backward that never comes{}. {tail}.",
+            "{} called at {} ({}{}) {} never followed by a backward that used {}, yet {} of the {} a pass allocates outlived it ({} per pass): autograd saved {} for a backward that never comes{}. {tail}.",
             forward_passes(*passes),
             site(call_site),
             plural(*windows as u64, "evaluation window", "evaluation windows"),
+            reached_from.as_ref().map_or(String::new(), |r| format!(
+                "; reached from {}, which no training pass goes through: the call also serves training",
+                r.short()
+            )),
             agree(*passes as u64, "was", "were"),
             agree(*passes as u64, "it", "them"),
             survived_blocks,
@@ -287,6 +292,7 @@ pub fn advice(s: &Suspect) -> String {
         Evidence::RetainedGraph { hold: GraphHold::KeptReference, .. } => "Keep numbers, not tensors with history: `losses.append(loss.item())`, `total += loss.item()`, `outs.append(out.detach().cpu())`; and run evaluation under `torch.no_grad()` so no graph is built.".into(),
         Evidence::RetainedGraph { hold: GraphHold::SkippedBackward, .. } => "Let go of a skipped step's tensors: keep `str(e)` or `e.with_traceback(None)`, not the caught exception (its traceback holds the frames whose locals hold the loss and outputs), and `del` or `.item()` the loss and outputs before skipping; `no_grad` is not the fix, this code path trains.".into(),
         Evidence::RetainedGraph { hold: GraphHold::AwaitingBackward, .. } => "Each kept loss holds its whole graph until the backward runs: call `backward()` per micro-batch (gradients accumulate in `.grad`) instead of collecting losses, or run fewer micro-batches per step.".into(),
+        Evidence::NoGradMissing { reached_from: Some(r), .. } => format!("Wrap the evaluation at {} in `with torch.no_grad():` (or `torch.inference_mode()`, or decorate its function with `@torch.no_grad()`), not the shared model call, which training needs with grad; keep only detached results: `preds.append(out.argmax(-1).cpu())`, `losses.append(loss.item())`.", r.short()),
         Evidence::NoGradMissing { .. } => "Wrap the whole evaluation loop in `with torch.no_grad():` (or `torch.inference_mode()`), not just the model call, and keep only detached results: `preds.append(out.argmax(-1).cpu())`, `losses.append(loss.item())`.".into(),
         Evidence::ReferenceLeak { origin: LeakOrigin::Unattributed, .. } => "Record with stacks (`torch.cuda.memory._record_memory_history(stacks=\"python\")`) and dump again so memsnap can name the line; meanwhile look for tensors appended to lists or caches every iteration.".into(),
         Evidence::ReferenceLeak { origin: LeakOrigin::Regrown, .. } => "Bound the tensor that grows by concatenation: keep only its last N rows (`x = torch.cat([x, new])[-N:]`), or preallocate a fixed-size ring buffer and write into it (as MoCo's queue does); if every row is needed, move them to the CPU (`new.cpu()`) and concatenate there.".into(),

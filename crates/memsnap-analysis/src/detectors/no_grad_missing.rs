@@ -45,6 +45,32 @@ fn median<T: Copy + Ord + Default>(v: &mut [T]) -> T {
     v.get(v.len() / 2).copied().unwrap_or_default()
 }
 
+/// Where the evaluation's own code calls into code it shares with training: the innermost user
+/// frame, outward of the model call `call`, of the first of `units`' passes that no training
+/// pass (consumed by a backward) from the same call site runs through. `None` when no training
+/// pass comes from that call site (the call site is then the evaluation's own line).
+fn evaluation_line(cx: &Context, units: &[usize], call: Option<FrameId>) -> Option<FrameId> {
+    let (call, &first) = (call?, units.first()?);
+    let lc = cx.lifecycle;
+    let pass_stack = |u: &crate::lifecycle::Unit| cx.events[u.pass_span.start as usize].stack;
+    let trained: BTreeSet<StackId> = lc
+        .units
+        .iter()
+        .filter(|u| matches!(u.fate, UnitFate::Consumed { .. }) && u.call_site == Some(call))
+        .map(pass_stack)
+        .collect();
+    if trained.is_empty() {
+        return None;
+    }
+    let frames = &cx.snap.stack(pass_stack(&lc.units[first])).frames;
+    let from = frames.iter().position(|&f| f == call)?;
+    frames[from + 1..]
+        .iter()
+        .copied()
+        .filter(|&f| cx.stacks.is_user(f))
+        .find(|&f| !trained.iter().any(|&s| cx.stacks.contains(s, f)))
+}
+
 impl Detector for NoGradMissing {
     fn kind(&self) -> SuspectKind {
         SuspectKind::NoGradMissing
@@ -128,6 +154,7 @@ impl Detector for NoGradMissing {
                 pass_blocks: median(&mut g.pass_blocks),
                 saved_bytes_per_pass: median(&mut g.saved),
                 call_site: call.map(|f| cx.site(f)),
+                reached_from: evaluation_line(cx, &g.units, call).map(|f| cx.site(f)),
                 graphs_held: g.held,
             };
             out.push(Finding {
