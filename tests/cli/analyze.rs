@@ -875,6 +875,50 @@ fn graphs_of_an_evaluation_through_shared_code_are_named_at_the_evaluation() {
     assert!(of_kind(&analyze(&fixture_with_prefix("extra12", "o05_")), "no_grad_missing").is_empty());
 }
 
+/// Activation checkpointing (fixtures/extra13, real runs): autograd saves only each checkpointed
+/// block's input and the head's tensors, so an evaluation pass run with grad on keeps few of the
+/// blocks it makes, under both shares that read as grad on. It keeps as many as the checkpointed
+/// training passes save, which is the measure: g01's kept validation losses hold their graphs
+/// (a missing `no_grad`, the graph kept) at the validation line, not outputs of no-grad passes;
+/// its twin g02 (`no_grad` validation, `.item()`) has neither.
+#[test]
+fn checkpointed_evaluation_with_grad_on_is_measured_against_checkpointed_training() {
+    let path = fixture_with_prefix("extra13", "g01_");
+    let script = format!("{}.py", stem(&path));
+    let out = analyze(&path);
+    for kind in ["no_grad_missing", "retained_graph"] {
+        let found = of_kind(&out, kind);
+        assert!(
+            found.len() == 1 && at(found[0], &script, 93) && found[0]["severity"] == "leak",
+            "g01: expected one {kind} [leak] at {script}:93, got:{}",
+            describe(&out)
+        );
+    }
+    assert!(of_kind(&out, "reference_leak").is_empty(), "{}", describe(&out));
+    let clean = analyze(&fixture_with_prefix("extra13", "g02_"));
+    for kind in ["no_grad_missing", "retained_graph", "reference_leak"] {
+        assert!(of_kind(&clean, kind).is_empty(), "g02:{}", describe(&clean));
+    }
+}
+
+/// `best_models.append(copy.deepcopy(model))` whenever the score improves (fixtures/extra13,
+/// g05): each copy's parameters come from `Parameter.__deepcopy__`, a model built as much as one
+/// constructed, so the kept copies are named as models kept, at the copy's line; rebinding
+/// `best_model = copy.deepcopy(model)` (g06) keeps one copy and is clean.
+#[test]
+fn deep_copies_of_a_model_kept_in_a_list_are_models_kept() {
+    let path = fixture_with_prefix("extra13", "g05_");
+    let script = format!("{}.py", stem(&path));
+    let out = analyze(&path);
+    let found = of_kind(&out, "reference_leak");
+    assert!(
+        found.len() == 1 && at(found[0], &script, 55) && found[0]["facts"]["origin"] == "models_kept",
+        "g05:{}",
+        describe(&out)
+    );
+    assert!(of_kind(&analyze(&fixture_with_prefix("extra13", "g06_")), "reference_leak").is_empty());
+}
+
 /// A learning-rate sweep (fixtures/extra11, real runs) that builds a model per trial, every 15
 /// training steps, and stores each in its results (n07): the models' parameters, made by
 /// `.cuda()` at l.27, from 4 of 4 trials, origin `models_kept`. The trials' rhythm is not a fill

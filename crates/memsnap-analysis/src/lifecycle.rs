@@ -360,28 +360,59 @@ pub fn lifecycle(
     }
     let alive_after = |b: &memsnap_replay::BlockLifetime, t: u32| b.freed_at().is_none_or(|f| f > t);
 
-    // Grad evidence and fates.
-    units.par_iter_mut().zip(&members).zip(&consumer).for_each(|((unit, members), consumer)| {
-        let last_pass_event = unit.pass_span.end.saturating_sub(1);
-        let mut saved_stacks = FxHashSet::default();
-        for &(bi, in_pass) in members {
-            let b = &d.blocks[bi];
-            if in_pass {
+    // Grad evidence: what survived each pass, from how many stacks, and whether the pass ran
+    // under activation checkpointing.
+    let evidence: Vec<(u32, bool)> = units
+        .par_iter_mut()
+        .zip(&members)
+        .map(|(unit, members)| {
+            let last_pass_event = unit.pass_span.end.saturating_sub(1);
+            let mut saved_stacks = FxHashSet::default();
+            let mut checkpointed = false;
+            for &(bi, in_pass) in members {
+                let b = &d.blocks[bi];
+                if !in_pass {
+                    continue;
+                }
                 unit.pass_blocks += 1;
+                let stack = b.alloc_event().map(|a| events[a as usize].stack);
+                checkpointed |= stack.is_some_and(|s| stacks.get(s).checkpointed);
                 if alive_after(b, last_pass_event) {
                     unit.survived_pass += 1;
                     unit.saved_bytes += b.size;
-                    if let Some(a) = b.alloc_event() {
-                        saved_stacks.insert(events[a as usize].stack);
+                    if let Some(s) = stack {
+                        saved_stacks.insert(s);
                     }
                 }
             }
-        }
+            (saved_stacks.len() as u32, checkpointed)
+        })
+        .collect();
+    // Under activation checkpointing autograd saves only each checkpointed segment's input (the
+    // segment runs again in the backward) and what lies outside the segments, so a pass with
+    // grad on keeps a few blocks of the many it makes: below both shares above. What the
+    // checkpointed training passes (consumed by a backward) keep is then the measure: a pass
+    // run with grad on keeps about as many, one under `no_grad` only its outputs.
+    let mut trained: Vec<u32> = units
+        .iter()
+        .zip(&consumer)
+        .zip(&evidence)
+        .filter(|((_, c), (_, checkpointed))| c.is_some() && *checkpointed)
+        .map(|((u, _), _)| u.survived_pass)
+        .collect();
+    trained.sort_unstable();
+    let checkpointed_training_saves = trained.get(trained.len() / 2).copied();
+    // Fates.
+    units.par_iter_mut().zip(&consumer).zip(&evidence).for_each(|((unit, consumer), &(saved_stacks, checkpointed))| {
         let share = |f: f64| unit.survived_pass as f64 >= f * unit.pass_blocks as f64;
+        let saves_like_checkpointed_training = checkpointed
+            && checkpointed_training_saves
+                .is_some_and(|r| f64::from(unit.survived_pass) >= th.training_saved_share * f64::from(r));
         unit.grad_on = unit.pass_blocks >= th.min_pass_blocks
             && unit.survived_pass >= th.min_saved_blocks
             && (share(th.saved_fraction)
-                || saved_stacks.len() as u32 >= th.min_saved_stacks && share(th.sparse_saved_fraction));
+                || saved_stacks >= th.min_saved_stacks && share(th.sparse_saved_fraction)
+                || saves_like_checkpointed_training);
         unit.fate = match *consumer {
             Some(bw) => UnitFate::Consumed { backward: bw },
             None => {

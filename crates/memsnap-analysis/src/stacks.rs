@@ -58,12 +58,17 @@ pub struct StackInfo {
     /// grows each step until it holds that many, then drops the oldest: bounded by design.
     pub lbfgs: bool,
     /// Model or optimizer construction: `Module.to/cuda/_apply` or a module's `__init__` /
-    /// `reset_parameters` (parameters and buffers), as opposed to tensors made by running code.
+    /// `reset_parameters` (parameters and buffers), or a parameter copied by `copy.deepcopy`, as
+    /// opposed to tensors made by running code.
     pub construction: bool,
     /// Made by transformers' KV cache (`transformers/cache_utils.py`, the `Cache` classes'
     /// `update`): the keys and values a model holds between decoding steps, one pair of tensors
     /// per layer, re-made larger each token.
     pub kv_cache: bool,
+    /// A forward allocation under activation checkpointing (`torch/utils/checkpoint.py` with
+    /// user frames outside it, not the recomputation in a backward): autograd saves only the
+    /// checkpointed segments' inputs, and the segments' own tensors die inside the pass.
+    pub checkpointed: bool,
     /// The user frames from `forward_call` outwards (the user code path that ran the model),
     /// hashed: two passes with the same value were run by the same code path, line for line.
     /// 0 when the stack is not inside a module call.
@@ -186,14 +191,18 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], forward_callers: &FxHashSet<FrameI
         {
             s.backward_launch = true;
         }
+        s.checkpointed |= file.ends_with("torch/utils/checkpoint.py");
         if file.ends_with("torch/utils/checkpoint.py")
             || file.contains("torch/autograd/")
             || file.contains("torch/_functorch/")
         {
             autograd_machinery = Some(i);
         }
+        // A parameter's `__deepcopy__` is a model copied (`copy.deepcopy(model)`): a model
+        // built, as much as one constructed.
         if file.contains("torch/nn/modules/")
             && matches!(name, "_apply" | "to" | "cuda" | "__init__" | "reset_parameters" | "_load_from_state_dict")
+            || file.ends_with("torch/nn/parameter.py") && name == "__deepcopy__"
         {
             s.construction = true;
         }
@@ -225,6 +234,7 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], forward_callers: &FxHashSet<FrameI
     // `autograd.Function` called, from the user's loop has the user's frames outside the
     // machinery, also under `python -m` or pytest, where the outermost frame is a library's.
     s.recompute = !s.backward_launch && autograd_machinery.is_some_and(|m| outermost_user.is_none_or(|u| u < m));
+    s.checkpointed &= !s.recompute && !s.backward_launch;
     let caller_user = |from: usize| frames[from + 1..].iter().copied().find(|f| kinds[f.0 as usize] == FrameKind::User);
     if let Some(i) = outermost_module {
         s.forward_call = caller_user(i);

@@ -45,8 +45,11 @@ pub struct Thresholds {
     /// `no_grad` only its outputs survive: a shallow model that returns several tensors (an
     /// LSTM's output and its two states, of 9 blocks) passes `saved_fraction` with them alone,
     /// yet keeps fewer than its training passes save. At the peak the peak itself is the
-    /// evidence; away from it, this comparison is.
-    pub off_peak_saved_share: f64,
+    /// evidence; away from it, this comparison is. The same share reads a pass run under
+    /// activation checkpointing as grad on when it keeps that much of what the checkpointed
+    /// training passes keep (`Lifecycle`): checkpointing saves only each segment's input, too
+    /// few blocks for `saved_fraction` or `min_saved_stacks`.
+    pub training_saved_share: f64,
     /// Share of the peak that a suspect of severity `peak` must account for (0.05): one that is
     /// released later matters only through the peak, and a few percent of it is within what batch
     /// composition and allocator rounding move anyway.
@@ -115,7 +118,7 @@ impl Thresholds {
         saved_fraction: 0.3,
         min_saved_stacks: 16,
         sparse_saved_fraction: 0.15,
-        off_peak_saved_share: 0.75,
+        training_saved_share: 0.75,
         min_peak_share: 0.05,
         min_leak_occurrences: 3,
         leak_occurrence_share: 0.5,

@@ -11,7 +11,7 @@
 //! Claims: the blocks of those passes alive after each pass's unit ended. Severity `leak` when
 //! they are kept to the end from pass after pass, else `peak`; `waste` when they do not set the
 //! peak but held at least `min_peak_share` of it, and the passes kept about as many blocks as
-//! the model's training passes save (`Thresholds::off_peak_saved_share`): graphs held for
+//! the model's training passes save (`Thresholds::training_saved_share`): graphs held for
 //! nothing, which a larger batch there would make the peak. Blocks kept to the end of a pass
 //! whose graph was let go (`Lifecycle::graph_held`: only a detached output or the inputs stay)
 //! are `reference_leak`'s: `no_grad` would not have freed them. Near miss: the same loop under
@@ -138,7 +138,7 @@ impl Detector for NoGradMissing {
             if severity == Severity::Peak {
                 let reference = trained.get(&call).copied().or(trained_all);
                 let saves_like_training =
-                    reference.is_none_or(|r| f64::from(survived_blocks) >= th.off_peak_saved_share * f64::from(r));
+                    reference.is_none_or(|r| f64::from(survived_blocks) >= th.training_saved_share * f64::from(r));
                 let m = super::measure(cx, &g.blocks, &boundaries);
                 if saves_like_training
                     && !super::raises_peak(cx, &m, m.max_live)

@@ -131,7 +131,7 @@ fn no_grad_missing_near_miss_few_outputs_of_a_shallow_model_off_peak() {
     };
     assert_none_of(&run(&Thresholds::DEFAULT), SuspectKind::NoGradMissing);
     // Without the comparison with training, the outputs read as graphs held for nothing.
-    let loose = run(&Thresholds { off_peak_saved_share: 0.0, ..Thresholds::DEFAULT });
+    let loose = run(&Thresholds { training_saved_share: 0.0, ..Thresholds::DEFAULT });
     assert_eq!(the_one(&loose, SuspectKind::NoGradMissing).severity, Severity::Waste, "{}", describe(&loose));
 }
 

@@ -184,10 +184,10 @@ const CASES: &[Case] = &[
     // The evaluation passes keep as many blocks as the training passes save; away from the
     // peak, that comparison is what makes their graphs waste.
     (
-        "off_peak_saved_share",
+        "training_saved_share",
         eval_builds_graphs_and_drops_them,
         default,
-        |t| t.off_peak_saved_share = 1.5,
+        |t| t.training_saved_share = 1.5,
         |a| has(a, SuspectKind::NoGradMissing, Severity::Waste),
     ),
     (
