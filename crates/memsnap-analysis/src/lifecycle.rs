@@ -63,7 +63,8 @@ pub struct Unit {
     /// Bytes of the pass's blocks alive when it returned (what autograd saved, with grad on).
     pub saved_bytes: u64,
     /// Grad was enabled (many blocks outlived the pass, or blocks from many allocation stacks:
-    /// see `Thresholds::min_saved_stacks`).
+    /// see `Thresholds::min_saved_stacks`; under activation checkpointing, about as many as the
+    /// checkpointed training passes keep: `Thresholds::training_saved_share`).
     pub grad_on: bool,
     /// A block of this unit still allocated after this event is held by more than a rebound
     /// variable or the evaluation loop's own list: the end of the second unit after this one, or
