@@ -135,15 +135,13 @@ impl Detector for NoGradMissing {
             let survived_blocks = median(&mut g.survived);
             let boundaries: Vec<u32> = g.units.iter().map(|&u| lc.units[u].span.start).collect();
             let mut severity = if growing { Severity::Leak } else { Severity::Peak };
-            if severity == Severity::Peak {
-                let reference = trained.get(&call).copied().or(trained_all);
-                let saves_like_training =
-                    reference.is_none_or(|r| f64::from(survived_blocks) >= th.training_saved_share * f64::from(r));
+            let reference = trained.get(&call).copied().or(trained_all);
+            let saves_like_training =
+                reference.is_none_or(|r| f64::from(survived_blocks) >= th.training_saved_share * f64::from(r));
+            if severity == Severity::Peak && saves_like_training {
+                // Measured here only for these groups: a walk over the device's series.
                 let m = super::measure(cx, &g.blocks, &boundaries);
-                if saves_like_training
-                    && !super::raises_peak(cx, &m, m.max_live)
-                    && m.max_live as f64 >= th.min_peak_share * peak as f64
-                {
+                if !super::raises_peak(cx, &m, m.max_live) && m.max_live as f64 >= th.min_peak_share * peak as f64 {
                     severity = Severity::Waste;
                 }
             }
