@@ -191,11 +191,9 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], forward_callers: &FxHashSet<FrameI
         {
             s.backward_launch = true;
         }
-        s.checkpointed |= file.ends_with("torch/utils/checkpoint.py");
-        if file.ends_with("torch/utils/checkpoint.py")
-            || file.contains("torch/autograd/")
-            || file.contains("torch/_functorch/")
-        {
+        let checkpoint = file.ends_with("torch/utils/checkpoint.py");
+        s.checkpointed |= checkpoint;
+        if checkpoint || file.contains("torch/autograd/") || file.contains("torch/_functorch/") {
             autograd_machinery = Some(i);
         }
         // A parameter's `__deepcopy__` is a model copied (`copy.deepcopy(model)`): a model

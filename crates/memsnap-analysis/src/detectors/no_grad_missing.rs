@@ -46,23 +46,22 @@ fn median<T: Copy + Ord + Default>(v: &mut [T]) -> T {
 }
 
 /// Where the evaluation's own code calls into code it shares with training: the innermost user
-/// frame, outward of the model call `call`, of the first of `units`' passes that no training
-/// pass (consumed by a backward) from the same call site runs through. `None` when no training
-/// pass comes from that call site (the call site is then the evaluation's own line).
-fn evaluation_line(cx: &Context, units: &[usize], call: Option<FrameId>) -> Option<FrameId> {
+/// frame, outward of the model call `call`, of the first of `units`' passes that none of
+/// `trained` (the stacks the training passes from that call site, consumed by a backward,
+/// started with) runs through. `None` without such training passes (the call site is then the
+/// evaluation's own line).
+fn evaluation_line(
+    cx: &Context,
+    units: &[usize],
+    call: Option<FrameId>,
+    trained: &BTreeSet<StackId>,
+) -> Option<FrameId> {
     let (call, &first) = (call?, units.first()?);
-    let lc = cx.lifecycle;
-    let pass_stack = |u: &crate::lifecycle::Unit| cx.events[u.pass_span.start as usize].stack;
-    let trained: BTreeSet<StackId> = lc
-        .units
-        .iter()
-        .filter(|u| matches!(u.fate, UnitFate::Consumed { .. }) && u.call_site == Some(call))
-        .map(pass_stack)
-        .collect();
     if trained.is_empty() {
         return None;
     }
-    let frames = &cx.snap.stack(pass_stack(&lc.units[first])).frames;
+    let unit = &cx.lifecycle.units[first];
+    let frames = &cx.snap.stack(cx.events[unit.pass_span.start as usize].stack).frames;
     let from = frames.iter().position(|&f| f == call)?;
     frames[from + 1..]
         .iter()
@@ -113,18 +112,22 @@ impl Detector for NoGradMissing {
                 }
             }
         }
-        // Blocks that survive the model's training passes (consumed by a backward): what
-        // autograd saves for it, per call site and over all.
-        let mut by_site: BTreeMap<Option<FrameId>, Vec<u32>> = BTreeMap::new();
+        // The model's training passes (consumed by a backward), per call site: the blocks that
+        // survive them (what autograd saves for it; also over all) and the stacks they start
+        // with (the code path training runs the call through).
+        let mut by_site: BTreeMap<Option<FrameId>, (Vec<u32>, BTreeSet<StackId>)> = BTreeMap::new();
         let mut all = Vec::new();
         for unit in &lc.units {
             if matches!(unit.fate, UnitFate::Consumed { .. }) {
-                by_site.entry(unit.call_site).or_default().push(unit.survived_pass);
+                let site = by_site.entry(unit.call_site).or_default();
+                site.0.push(unit.survived_pass);
+                site.1.insert(cx.events[unit.pass_span.start as usize].stack);
                 all.push(unit.survived_pass);
             }
         }
-        let trained: BTreeMap<Option<FrameId>, u32> =
-            by_site.into_iter().map(|(c, mut v)| (c, median(&mut v))).collect();
+        let no_stacks = BTreeSet::new();
+        let trained: BTreeMap<Option<FrameId>, (u32, BTreeSet<StackId>)> =
+            by_site.into_iter().map(|(c, (mut v, stacks))| (c, (median(&mut v), stacks))).collect();
         let trained_all = (!all.is_empty()).then(|| median(&mut all));
         let th = cx.thresholds;
         let peak = cx.replay.peaks.allocated.value;
@@ -135,7 +138,7 @@ impl Detector for NoGradMissing {
             let survived_blocks = median(&mut g.survived);
             let boundaries: Vec<u32> = g.units.iter().map(|&u| lc.units[u].span.start).collect();
             let mut severity = if growing { Severity::Leak } else { Severity::Peak };
-            let reference = trained.get(&call).copied().or(trained_all);
+            let reference = trained.get(&call).map(|t| t.0).or(trained_all);
             let saves_like_training =
                 reference.is_none_or(|r| f64::from(survived_blocks) >= th.training_saved_share * f64::from(r));
             if severity == Severity::Peak && saves_like_training {
@@ -152,7 +155,8 @@ impl Detector for NoGradMissing {
                 pass_blocks: median(&mut g.pass_blocks),
                 saved_bytes_per_pass: median(&mut g.saved),
                 call_site: call.map(|f| cx.site(f)),
-                reached_from: evaluation_line(cx, &g.units, call).map(|f| cx.site(f)),
+                reached_from: evaluation_line(cx, &g.units, call, trained.get(&call).map_or(&no_stacks, |t| &t.1))
+                    .map(|f| cx.site(f)),
                 graphs_held: g.held,
             };
             out.push(Finding {
