@@ -16,6 +16,7 @@
 //! ([`Limits`]), and memo references share, they never copy.
 
 mod error;
+mod memo;
 pub mod scan;
 mod source;
 mod value;

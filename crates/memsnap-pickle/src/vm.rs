@@ -8,6 +8,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 
 use crate::error::{opcode_name, ErrorKind, PickleError};
+use crate::memo::Memo;
 use crate::source::{Fault, SliceSource, Source};
 use crate::value::{Heap, ListStore, Value, DICT_SHARED, DICT_UNMEMOIZED};
 
@@ -70,7 +71,7 @@ pub struct Ahead<'w, 'a> {
 /// (from several threads, through [`Store::view`]) and adds what it read.
 pub struct Store<'w, 'a> {
     heap: &'w mut Heap<'a>,
-    memo: &'w mut Vec<u32>,
+    memo: &'w mut Memo,
     scalars: &'w mut Vec<Value>,
     built: &'w mut u64,
 }
@@ -79,7 +80,7 @@ pub struct Store<'w, 'a> {
 #[derive(Clone, Copy)]
 pub struct StoreView<'w, 'a> {
     pub heap: &'w Heap<'a>,
-    memo: &'w [u32],
+    memo: &'w Memo,
     scalars: &'w [Value],
 }
 
@@ -98,7 +99,7 @@ impl<'a> StoreView<'_, 'a> {
     }
 
     pub fn memo_get(&self, idx: usize) -> Option<MemoRef> {
-        let h = *self.memo.get(idx)?;
+        let h = self.memo.get(idx)?;
         if h >> 29 == H_LAZY_LIST && h != H_EMPTY {
             return Some(MemoRef::LazyList(h & H_INDEX_MASK));
         }
@@ -164,12 +165,10 @@ impl<'a> Store<'_, 'a> {
     /// Set memo entry `idx` (one pushed by [`Store::memoize_pending`]).
     pub fn rememoize(&mut self, idx: usize, v: Value) -> Result<(), ErrorKind> {
         let h = encode(self.scalars, v)?;
-        match self.memo.get_mut(idx) {
-            Some(m) => {
-                *m = h;
-                Ok(())
-            }
-            None => Err(ErrorKind::BadMemoKey(idx as u64)),
+        if self.memo.set(idx, h) {
+            Ok(())
+        } else {
+            Err(ErrorKind::BadMemoKey(idx as u64))
         }
     }
 
@@ -345,7 +344,7 @@ pub fn parse_source<'a, S: Source<'a>>(
         heap: Heap::default(),
         stack: Vec::with_capacity(1024),
         marks: Vec::new(),
-        memo: Vec::new(),
+        memo: Memo::default(),
         sparse_memo: HashMap::new(),
         memo_scalars: Vec::new(),
         short_strs: vec![(u32::MAX, 0); SHORT_STR_SLOTS],
@@ -366,9 +365,10 @@ struct Vm<'a, 'l, S> {
     heap: Heap<'a>,
     stack: Vec<Value>,
     marks: Vec<usize>,
-    /// The memo as 4-byte handles (see [`Handle`]): a 1 GB snapshot memoizes tens of millions
-    /// of objects, so a slot must be small.
-    memo: Vec<u32>,
+    /// The memo as 4-byte handles (kind and index, see `encode`), most pages packed to 2 bytes
+    /// an entry ([`Memo`]): a 1 GB snapshot memoizes tens of millions of objects, so an entry
+    /// must be small.
+    memo: Memo,
     sparse_memo: HashMap<u32, u32>,
     /// Memoized values that are not heap objects (ints, floats, None, bools, bytes).
     memo_scalars: Vec<Value>,
@@ -569,10 +569,10 @@ impl<'a, S: Source<'a>> Vm<'a, '_, S> {
         let h = self.encode(v)?;
         let dense = self.memo.len() as u64;
         if idx < dense {
-            if self.memo[idx as usize] == H_EMPTY {
+            if self.memo.get(idx as usize) == Some(H_EMPTY) {
                 self.memo_count += 1;
             }
-            self.memo[idx as usize] = h;
+            self.memo.set(idx as usize, h);
         } else if idx == dense {
             if idx >= H_EMPTY as u64 {
                 return Err(self.err(ErrorKind::BadMemoKey(idx)));
@@ -595,8 +595,8 @@ impl<'a, S: Source<'a>> Vm<'a, '_, S> {
     }
 
     fn memo_get(&mut self, idx: u64) -> Result<(), PickleError> {
-        let mut h = if (idx as usize) < self.memo.len() {
-            self.memo[idx as usize]
+        let mut h = if let Some(h) = self.memo.get(idx as usize) {
+            h
         } else if idx < H_EMPTY as u64 {
             self.sparse_memo.get(&(idx as u32)).copied().unwrap_or(H_EMPTY)
         } else {
@@ -611,7 +611,7 @@ impl<'a, S: Source<'a>> Vm<'a, '_, S> {
             if (self.heap.lists.len() - 1) as u32 >= H_INDEX_MASK {
                 return Err(self.err(ErrorKind::LimitExceeded("objects (more than 2^29 of one kind)")));
             }
-            self.memo[idx as usize] = h;
+            self.memo.set(idx as usize, h);
         }
         let v = self.decode(h).ok_or_else(|| self.err(ErrorKind::BadMemoKey(idx)))?;
         if let Value::Dict(d) = v {
@@ -623,10 +623,10 @@ impl<'a, S: Source<'a>> Vm<'a, '_, S> {
 
     fn replace_in_memo(&mut self, slot: u32, v: Value) -> Result<(), PickleError> {
         let h = self.encode(v)?;
-        if let Some(m) = self.memo.get_mut(slot as usize) {
-            *m = h;
-        } else if let Some(m) = self.sparse_memo.get_mut(&slot) {
-            *m = h;
+        if !self.memo.set(slot as usize, h) {
+            if let Some(m) = self.sparse_memo.get_mut(&slot) {
+                *m = h;
+            }
         }
         Ok(())
     }

@@ -24,7 +24,7 @@ use memsnap_pickle::{MemoRef, StoreView, Value};
 use rustc_hash::{FxHashMap, FxHasher};
 
 use super::super::{key_of, Key};
-use crate::types::{Action, StackId, MAX_ADDRESS, MAX_SIZE, NO_TIME};
+use crate::types::{Action, StackId, ALL_ACTIONS, MAX_ADDRESS, MAX_SIZE, NO_TIME};
 
 /// Longest string a chunk takes (the VM's own cap is 16 MiB; a longer one is the VM's to
 /// refuse).
@@ -76,19 +76,139 @@ pub(super) enum ActionRef {
     Slot(u32),
 }
 
-/// One trace entry, as the builder would convert it, with chunk-local references.
+/// One trace entry, as the builder would convert it, with chunk-local references packed in 32
+/// bits each ([`Packed`]): 48 bytes, where the plain enums and an `Option<u64>` took 80. A
+/// window holds about 100 000 of these between its decode and its merge, the largest part of a
+/// `summary`'s memory after the memo. An `oom` entry's `device_free` is kept aside
+/// ([`Chunk::device_frees`]): one entry in hundreds of thousands has one.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct RawEvent {
     pub addr: u64,
     pub size: u64,
     pub stream: u64,
     pub time_us: i64,
-    pub stack: StackRef,
-    pub compile_context: Text,
-    pub user_metadata: Text,
-    pub action: ActionRef,
-    /// `device_free` of an `oom` entry (it becomes the event's address).
-    pub device_free: Option<u64>,
+    pub stack: Packed<StackRef>,
+    pub compile_context: Packed<Text>,
+    pub user_metadata: Packed<Text>,
+    pub action: Packed<ActionRef>,
+}
+
+const _: () = assert!(std::mem::size_of::<RawEvent>() == 48);
+
+/// Bits of a [`Packed`] reference's payload; its tag takes the 3 above them.
+const PAYLOAD_BITS: u32 = 29;
+const PAYLOAD_MASK: u32 = (1 << PAYLOAD_BITS) - 1;
+
+/// A reference enum in 32 bits: its variant in the top 3, its `u32` payload in the other 29.
+/// A payload that does not fit (an id or memo index of 2^29 or more, far beyond any real
+/// snapshot's) stops the batch, which the VM then reads.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) struct Packed<T>(u32, std::marker::PhantomData<T>);
+
+/// An enum of at most 8 variants, each with a `u32` payload or none.
+pub(super) trait Pack: Copy {
+    fn parts(self) -> (u32, u32);
+    fn from_parts(tag: u32, payload: u32) -> Self;
+}
+
+impl<T: Pack> Packed<T> {
+    fn new(v: T) -> R<Self> {
+        let (tag, payload) = v.parts();
+        debug_assert!(tag < 8);
+        if payload > PAYLOAD_MASK {
+            return Err(Stop);
+        }
+        Ok(Packed((tag << PAYLOAD_BITS) | payload, std::marker::PhantomData))
+    }
+
+    #[inline]
+    pub fn get(self) -> T {
+        T::from_parts(self.0 >> PAYLOAD_BITS, self.0 & PAYLOAD_MASK)
+    }
+}
+
+impl<T: Pack + std::fmt::Debug> std::fmt::Debug for Packed<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.get().fmt(f)
+    }
+}
+
+impl Pack for Slot {
+    fn parts(self) -> (u32, u32) {
+        match self {
+            Slot::Entry(e) => (0, e),
+            Slot::Str(s) => (1, s),
+            Slot::List(None) => (2, 0),
+            Slot::List(Some(s)) => (3, s),
+            Slot::Frame(f) => (4, f),
+            Slot::Tuple(t) => (5, t),
+        }
+    }
+    fn from_parts(tag: u32, p: u32) -> Self {
+        match tag {
+            0 => Slot::Entry(p),
+            1 => Slot::Str(p),
+            3 => Slot::List(Some(p)),
+            4 => Slot::Frame(p),
+            5 => Slot::Tuple(p),
+            _ => Slot::List(None),
+        }
+    }
+}
+
+impl Pack for Text {
+    fn parts(self) -> (u32, u32) {
+        match self {
+            Text::Empty => (0, 0),
+            Text::Local(s) => (1, s),
+            Text::Slot(g) => (2, g),
+        }
+    }
+    fn from_parts(tag: u32, p: u32) -> Self {
+        match tag {
+            1 => Text::Local(p),
+            2 => Text::Slot(p),
+            _ => Text::Empty,
+        }
+    }
+}
+
+impl Pack for StackRef {
+    fn parts(self) -> (u32, u32) {
+        match self {
+            StackRef::Empty => (0, 0),
+            StackRef::Known(s) => (1, s.0),
+            StackRef::Local(s) => (2, s),
+            StackRef::Heap(id) => (3, id),
+            StackRef::Slot(g) => (4, g),
+        }
+    }
+    fn from_parts(tag: u32, p: u32) -> Self {
+        match tag {
+            1 => StackRef::Known(StackId(p)),
+            2 => StackRef::Local(p),
+            3 => StackRef::Heap(p),
+            4 => StackRef::Slot(p),
+            _ => StackRef::Empty,
+        }
+    }
+}
+
+impl Pack for ActionRef {
+    fn parts(self) -> (u32, u32) {
+        match self {
+            ActionRef::Known(a) => (0, a as u32),
+            ActionRef::Unknown(s) => (1, s),
+            ActionRef::Slot(g) => (2, g),
+        }
+    }
+    fn from_parts(tag: u32, p: u32) -> Self {
+        match tag {
+            1 => ActionRef::Unknown(p),
+            2 => ActionRef::Slot(p),
+            _ => ActionRef::Known(ALL_ACTIONS.get(p as usize).copied().unwrap_or(Action::Other)),
+        }
+    }
 }
 
 /// A value kept to rebuild a memoized frame dict or tuple in the VM's heap.
@@ -172,11 +292,14 @@ pub(in crate::read) struct Chunk {
     pub(super) base: u32,
     pub(super) start: usize,
     pub(super) events: Vec<RawEvent>,
+    /// `device_free` of the `oom` entries, by event index, in order (it becomes the event's
+    /// address).
+    pub(super) device_frees: Vec<(u32, u64)>,
     /// The events whose stack or action is a memo entry of an earlier chunk
     /// ([`StackRef::Slot`], [`ActionRef::Slot`]), the only ones the merge must check: listed
     /// here so that the merge, which runs on one thread, does not read every event.
     pub(super) slot_refs: Vec<u32>,
-    pub(super) slots: Vec<Slot>,
+    pub(super) slots: Vec<Packed<Slot>>,
     /// Strings read from the window or the VM's heap (a few per chunk: the same ones recur).
     pub(super) strs: Vec<String>,
     pub(super) frames: Vec<LocalFrame>,
@@ -204,6 +327,7 @@ impl Chunk {
         self.base = base;
         self.start = start;
         self.events.clear();
+        self.device_frees.clear();
         self.slot_refs.clear();
         self.slots.clear();
         self.strs.clear();
@@ -308,6 +432,9 @@ impl<'d> Decoder<'d, '_, '_, '_> {
     fn restore(&mut self, m: Mark) {
         self.pos = m.end;
         self.chunk.events.truncate(m.events);
+        while self.chunk.device_frees.last().is_some_and(|&(i, _)| i as usize >= m.events) {
+            self.chunk.device_frees.pop();
+        }
         self.chunk.slot_refs.truncate(m.slot_refs);
         self.chunk.slots.truncate(m.slots);
         // Strings and frames a failed batch added stay in the tables unreferenced (only what
@@ -412,16 +539,17 @@ impl<'d> Decoder<'d, '_, '_, '_> {
 
     /// A `MEMOIZE` if one follows: stores `slot`.
     #[inline]
-    fn maybe_memoize(&mut self, slot: Slot) {
+    fn maybe_memoize(&mut self, slot: Slot) -> R<()> {
         if self.w.data.get(self.pos) == Some(&scan::MEMOIZE) {
             self.pos += 1;
             self.counts.opcodes += 1;
             self.counts.memoize += 1;
-            self.chunk.slots.push(slot);
+            self.chunk.slots.push(Packed::new(slot)?);
         } else if self.w.data.get(self.pos) == Some(&scan::FRAME) && self.peek() == Some(scan::MEMOIZE) {
             let _ = self.op();
-            self.chunk.slots.push(slot);
+            self.chunk.slots.push(Packed::new(slot)?);
         }
+        Ok(())
     }
 
     /// A string written out (its opcode `op` taken): in the chunk's table, memoized when a
@@ -429,13 +557,13 @@ impl<'d> Decoder<'d, '_, '_, '_> {
     fn literal(&mut self, op: u8) -> R<(&'d str, u32)> {
         let s = self.string_arg(op)?;
         let id = self.intern(s);
-        self.maybe_memoize(Slot::Str(id));
+        self.maybe_memoize(Slot::Str(id))?;
         Ok((s, id))
     }
 
     fn memoize(&mut self, slot: Slot) -> R<()> {
         self.expect(scan::MEMOIZE)?;
-        self.chunk.slots.push(slot);
+        self.chunk.slots.push(Packed::new(slot)?);
         Ok(())
     }
 
@@ -452,7 +580,7 @@ impl<'d> Decoder<'d, '_, '_, '_> {
     fn resolve(&self, g: u32) -> R<Got> {
         let base = self.chunk.base;
         if g >= base {
-            return self.chunk.slots.get((g - base) as usize).copied().map(Got::Local).ok_or(Stop);
+            return self.chunk.slots.get((g - base) as usize).map(|p| Got::Local(p.get())).ok_or(Stop);
         }
         if g < self.w.vm_memo {
             return self.w.store.memo_get(g as usize).map(Got::Vm).ok_or(Stop);
@@ -762,17 +890,15 @@ impl<'d> Decoder<'d, '_, '_, '_> {
         let index = self.chunk.events.len() as u32;
         self.memoize(Slot::Entry(index))?;
         self.expect(scan::MARK)?;
-        let mut ev = RawEvent {
-            addr: 0,
-            size: 0,
-            stream: 0,
-            time_us: NO_TIME,
-            stack: StackRef::Empty,
-            compile_context: Text::Empty,
-            user_metadata: Text::Empty,
-            action: ActionRef::Known(Action::Other),
-            device_free: None,
-        };
+        let mut addr = 0;
+        let mut size = 0;
+        let mut stream = 0;
+        let mut time_us = NO_TIME;
+        let mut stack = StackRef::Empty;
+        let mut compile_context = Text::Empty;
+        let mut user_metadata = Text::Empty;
+        let mut action = ActionRef::Known(Action::Other);
+        let mut device_free = None;
         let mut action_seen = false;
         let mut frames_seen = false;
         loop {
@@ -783,21 +909,21 @@ impl<'d> Decoder<'d, '_, '_, '_> {
             let (key, key_raw) = self.key_from(op)?;
             match key {
                 Key::Action => {
-                    ev.action = self.action()?;
+                    action = self.action()?;
                     action_seen = true;
                 }
-                Key::Addr => ev.addr = u64_in(self.int()?, MAX_ADDRESS)?,
-                Key::Size => ev.size = u64_in(self.int()?, MAX_SIZE)?,
+                Key::Addr => addr = u64_in(self.int()?, MAX_ADDRESS)?,
+                Key::Size => size = u64_in(self.int()?, MAX_SIZE)?,
                 Key::Stream => {
                     let i = self.int()?;
                     if i < i64::MIN as i128 || i > u64::MAX as i128 {
                         return Err(Stop);
                     }
-                    ev.stream = i as u64;
+                    stream = i as u64;
                 }
                 Key::TimeUs => {
                     let op = self.op()?;
-                    ev.time_us = match self.scalar(op)? {
+                    time_us = match self.scalar(op)? {
                         Raw::None => NO_TIME,
                         Raw::Int(i) if i >= i64::MIN as i128 && i <= i64::MAX as i128 && i != NO_TIME as i128 => {
                             i as i64
@@ -812,17 +938,17 @@ impl<'d> Decoder<'d, '_, '_, '_> {
                     if std::mem::replace(&mut frames_seen, true) {
                         return Err(Stop);
                     }
-                    ev.stack = self.frames()?;
+                    stack = self.frames()?;
                 }
                 Key::CompileContext => {
-                    ev.compile_context = self.text()?;
-                    self.log_text(ev.compile_context);
+                    compile_context = self.text()?;
+                    self.log_text(compile_context);
                 }
                 Key::UserMetadata => {
-                    ev.user_metadata = self.text()?;
-                    self.log_text(ev.user_metadata);
+                    user_metadata = self.text()?;
+                    self.log_text(user_metadata);
                 }
-                Key::DeviceFree => ev.device_free = Some(u64_in(self.int()?, u64::MAX)?),
+                Key::DeviceFree => device_free = Some(u64_in(self.int()?, u64::MAX)?),
                 // A list value (`forward_frames`) stops the window: the VM reads it.
                 Key::Unneeded => {
                     self.value()?;
@@ -837,8 +963,21 @@ impl<'d> Decoder<'d, '_, '_, '_> {
         if !action_seen {
             return Err(Stop);
         }
-        if matches!(ev.stack, StackRef::Slot(_)) || matches!(ev.action, ActionRef::Slot(_)) {
-            self.chunk.slot_refs.push(self.chunk.events.len() as u32);
+        let ev = RawEvent {
+            addr,
+            size,
+            stream,
+            time_us,
+            stack: Packed::new(stack)?,
+            compile_context: Packed::new(compile_context)?,
+            user_metadata: Packed::new(user_metadata)?,
+            action: Packed::new(action)?,
+        };
+        if matches!(stack, StackRef::Slot(_)) || matches!(action, ActionRef::Slot(_)) {
+            self.chunk.slot_refs.push(index);
+        }
+        if let Some(f) = device_free {
+            self.chunk.device_frees.push((index, f));
         }
         self.chunk.events.push(ev);
         Ok(())
@@ -880,7 +1019,7 @@ impl<'d> Decoder<'d, '_, '_, '_> {
                     Ok(()) if frames.is_empty() => Ok(StackRef::Empty),
                     Ok(()) => {
                         let id = self.stack_of(&frames);
-                        self.chunk.slots[slot] = Slot::List(Some(id));
+                        self.chunk.slots[slot] = Packed::new(Slot::List(Some(id)))?;
                         Ok(StackRef::Local(id))
                     }
                     Err(e) => Err(e),
@@ -1027,4 +1166,41 @@ fn long_value(b: &[u8]) -> i128 {
     let mut buf = [if neg { 0xff } else { 0 }; 16];
     buf[..b.len()].copy_from_slice(b);
     i128::from_le_bytes(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trip<T: Pack + PartialEq + std::fmt::Debug>(v: T) {
+        assert_eq!(Packed::new(v).ok().map(Packed::get), Some(v));
+    }
+
+    /// Every variant reads back as it was packed, up to the largest payload; one past it stops
+    /// the batch (the VM reads it) rather than wrapping into another reference.
+    #[test]
+    fn packed_references_read_back() {
+        for t in [Text::Empty, Text::Local(0), Text::Local(7), Text::Slot(PAYLOAD_MASK)] {
+            round_trip(t);
+        }
+        for s in [
+            StackRef::Empty,
+            StackRef::Known(StackId(3)),
+            StackRef::Local(PAYLOAD_MASK),
+            StackRef::Heap(9),
+            StackRef::Slot(1 << 20),
+        ] {
+            round_trip(s);
+        }
+        for a in ALL_ACTIONS {
+            round_trip(ActionRef::Known(a));
+        }
+        round_trip(ActionRef::Unknown(5));
+        round_trip(ActionRef::Slot(6));
+        for s in [Slot::Entry(1), Slot::Str(2), Slot::List(None), Slot::List(Some(0)), Slot::Frame(4), Slot::Tuple(5)] {
+            assert_eq!(Packed::new(s).ok().map(|p| p.get().parts()), Some(s.parts()));
+        }
+        assert!(Packed::new(Text::Slot(PAYLOAD_MASK + 1)).is_err());
+        assert!(Packed::new(StackRef::Known(StackId(u32::MAX))).is_err());
+    }
 }

@@ -9,7 +9,7 @@
 use memsnap_pickle::{ErrorKind, Heap, ListStore, MemoRef, Store, StoreView, Value};
 
 use super::super::{Builder, Contexts, Key};
-use super::decode::{ActionRef, Chunk, First, FrameField, FrameRef, Mark, Raw, Slot, StackRef, Text};
+use super::decode::{ActionRef, Chunk, First, FrameField, FrameRef, Mark, Packed, Raw, Slot, StackRef, Text};
 use crate::types::{Action, EventContext, Frame, FrameId, StackId, StrId, TraceEvent};
 
 const UNMAPPED: u32 = u32::MAX;
@@ -86,8 +86,10 @@ pub(super) fn convert(
     let mut contexts = out.contexts.take().unwrap_or_default();
     contexts.clear();
     let mut fits = true;
+    let mut device_frees = chunk.device_frees.iter().peekable();
     for (k, ev) in chunk.events[..n].iter().enumerate() {
-        let (mut e, context) = event(b, view, chunk, m, ev, &mut out.unknown_actions);
+        let device_free = device_frees.next_if(|&&(i, _)| i as usize == k).map(|&(_, f)| f);
+        let (mut e, context) = event(b, view, chunk, m, ev, device_free, &mut out.unknown_actions);
         match contexts.intern(context) {
             Some(id) => e.set_context(id),
             None => fits = false,
@@ -128,7 +130,7 @@ fn batch_resolves(b: &mut Builder, view: StoreView<'_, '_>, chunk: &Chunk, from:
     let firsts = &chunk.firsts[from.firsts..to.firsts];
     chunk.slot_refs[from.slot_refs..to.slot_refs].iter().all(|&i| {
         let e = &chunk.events[i as usize];
-        stack_resolves(view, e.stack) && action_resolves(view, e.action)
+        stack_resolves(view, e.stack.get()) && action_resolves(view, e.action.get())
     }) && firsts.iter().all(|f| match *f {
         First::Text(t) => text_resolves(view, t),
         First::Stack(s) => chunk.stacks[s as usize].iter().all(|f| frame_resolves(b, view, chunk, *f)),
@@ -288,9 +290,10 @@ fn event(
     chunk: &Chunk,
     m: &Maps,
     e: &super::decode::RawEvent,
+    device_free: Option<u64>,
     unknown_actions: &mut Vec<String>,
 ) -> (TraceEvent, EventContext) {
-    let stack = match e.stack {
+    let stack = match e.stack.get() {
         StackRef::Empty => StackId::EMPTY,
         StackRef::Known(s) => s,
         StackRef::Local(s) => StackId(m.stacks[s as usize]),
@@ -316,9 +319,9 @@ fn event(
             _ => StrId::EMPTY,
         },
     };
-    let cc = text(e.compile_context);
-    let um = text(e.user_metadata);
-    let action = match e.action {
+    let cc = text(e.compile_context.get());
+    let um = text(e.user_metadata.get());
+    let action = match e.action.get() {
         ActionRef::Known(a) => a,
         ActionRef::Unknown(s) => {
             unknown_actions.push(chunk.strs[s as usize].clone());
@@ -336,7 +339,7 @@ fn event(
             _ => Action::Other,
         },
     };
-    let addr = match (action, e.device_free) {
+    let addr = match (action, device_free) {
         (Action::Oom, Some(f)) => f,
         _ => e.addr,
     };
@@ -357,14 +360,14 @@ fn push_slots(
     store: &mut Store<'_, '_>,
     chunk: &Chunk,
     m: &mut Maps,
-    slots: &[Slot],
+    slots: &[Packed<Slot>],
     record0: u32,
 ) -> Result<(), ErrorKind> {
     // Frame dicts hold strings memoized after them: rebuilt once every entry is pushed.
     let mut pending: Vec<(usize, u32)> = Vec::new();
     store.reserve_memo(slots.len());
     for slot in slots {
-        match *slot {
+        match slot.get() {
             Slot::Entry(e) => store.memoize(Value::Record(record0 + e))?,
             Slot::Str(s) => {
                 let v = heap_str(store, chunk, m, s);

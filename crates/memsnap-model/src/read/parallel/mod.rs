@@ -41,10 +41,11 @@ const CHUNK_BYTES: usize = 1 << 20;
 /// Chunks a window holds per thread: enough that a thread slowed by a dense chunk does not
 /// hold the others up for long. A window larger than that only costs: the VM fills it and
 /// merges its chunks alone while the other threads wait, and its pages and the chunks' tables
-/// are touched afresh and fall out of the caches before the merge reads them (on the 87 MB
+/// are touched afresh and fall out of the caches before the merge reads them. On the 87 MB
 /// bench file, 2 threads: 32 MiB windows 0.28-0.33 s and 91 MB peak RSS, 8 MiB windows
-/// 0.24-0.30 s and 38 MB; docs/performance.md).
-const CHUNKS_PER_THREAD: usize = 4;
+/// 0.24-0.30 s and 38 MB; 6 MiB windows as fast as 8 MiB (paired) and 3 MB less, which keeps
+/// `summary` under 0.35x the file (docs/performance.md).
+const CHUNKS_PER_THREAD: usize = 3;
 /// The smallest window asked for, whatever the threads and chunk size.
 const MIN_WINDOW: usize = 4 << 20;
 
