@@ -371,6 +371,7 @@ pub(super) fn decode(w: Window<'_, '_, '_>, start: usize, stop: usize, base: u32
         chunk,
         key_cache: [(u32::MAX, Key::Other); KEY_CACHE],
         text_cache: [(u32::MAX, 0); KEY_CACHE],
+        vm_cache: [(u32::MAX, MemoRef::LazyList(0)); VM_CACHE],
         last_literal: ("", u32::MAX),
         ran_out: false,
     };
@@ -389,6 +390,7 @@ pub(super) fn decode(w: Window<'_, '_, '_>, start: usize, stop: usize, base: u32
 }
 
 const KEY_CACHE: usize = 64;
+const VM_CACHE: usize = 256;
 
 struct Decoder<'d, 's, 'a, 'c> {
     w: Window<'d, 's, 'a>,
@@ -401,6 +403,9 @@ struct Decoder<'d, 's, 'a, 'c> {
     /// Memo index → string table entry, for the VM's strings fetched as values (an action,
     /// the empty `user_metadata` of every entry).
     text_cache: [(u32, u32); KEY_CACHE],
+    /// Memo index → entry, for the VM's entries the chunk fetches (direct-mapped): the same
+    /// frame dicts and strings recur, and a lookup in the packed memo costs several loads.
+    vm_cache: [(u32, MemoRef); VM_CACHE],
     /// The last string read literally, and its entry (the `'N/A'` every entry writes anew).
     last_literal: (&'d str, u32),
     /// Whether a read went past the end of the window.
@@ -577,13 +582,18 @@ impl<'d> Decoder<'d, '_, '_, '_> {
         })
     }
 
-    fn resolve(&self, g: u32) -> R<Got> {
+    #[inline]
+    fn resolve(&mut self, g: u32) -> R<Got> {
         let base = self.chunk.base;
         if g >= base {
             return self.chunk.slots.get((g - base) as usize).map(|p| Got::Local(p.get())).ok_or(Stop);
         }
         if g < self.w.vm_memo {
-            return self.w.store.memo_get(g as usize).map(Got::Vm).ok_or(Stop);
+            let c = &mut self.vm_cache[g as usize % VM_CACHE];
+            if c.0 != g {
+                *c = (g, self.w.store.memo_get(g as usize).ok_or(Stop)?);
+            }
+            return Ok(Got::Vm(c.1));
         }
         Ok(Got::Earlier(g))
     }

@@ -324,7 +324,7 @@ fn scan_chunk(data: &[u8], from: usize, to: usize, view: StoreView<'_, '_>) -> O
             sync = Some((pos, c));
         }
         let op = data[pos];
-        let n = scan::op_len(data, pos)?;
+        let n = scan::op_len_fast(data, pos)?;
         if pos + n > to {
             return None;
         }
