@@ -191,3 +191,63 @@ fn batches_left_to_the_vm_do_not_cost_a_window_each() {
         data.len()
     );
 }
+
+/// Memo fetches pointed elsewhere: each a copy of a real framed snapshot with one `BINGET` or
+/// `LONG_BINGET` of its trace fetching a nearby memo entry instead (often of the wrong kind, or
+/// one not memoized yet). Read in chunks of one frame, most such fetches land in a chunk that
+/// decodes before its memo base is known, and are resolved after (`decode::fix_up`); the
+/// parallel reader must give the sequential reader's model or error for every one.
+#[test]
+fn memo_fetches_pointed_elsewhere_read_as_the_sequential_reader_does() {
+    use memsnap_pickle::scan;
+    let files = fixtures();
+    let picked: Vec<&(String, Vec<u8>)> =
+        files.iter().filter(|(name, _)| name.contains("/dev/") && !name.contains("hostile")).take(3).collect();
+    assert_eq!(picked.len(), 3, "expected the dev fixtures");
+    let mut mutants = 0;
+    let mut parallel = 0;
+    for (name, data) in picked {
+        // Fetches in the trace (the later part of a snapshot's bytes) of objects memoized
+        // there too: those a chunk may find before its base is known.
+        let mut trace = Vec::new();
+        let (mut pos, mut memoized, mut trace_base) = (0, 0u32, None);
+        while let Some(n) = scan::op_len(data, pos) {
+            let op = data[pos];
+            if pos > data.len() / 3 && trace_base.is_none() {
+                trace_base = Some(memoized);
+            }
+            memoized += (op == scan::MEMOIZE) as u32;
+            let g = match op {
+                scan::BINGET => Some(data[pos + 1] as u32),
+                scan::LONG_BINGET => Some(u32::from_le_bytes(data[pos + 1..pos + 5].try_into().unwrap())),
+                _ => None,
+            };
+            if let (Some(g), Some(base)) = (g, trace_base) {
+                if g >= base {
+                    trace.push(pos);
+                }
+            }
+            pos += n;
+        }
+        let step = (trace.len() / 300).max(1);
+        for (k, &at) in trace.iter().step_by(step).enumerate() {
+            let mut m = data.clone();
+            if m[at] == scan::BINGET {
+                let g = m[at + 1];
+                m[at + 1] = [g.wrapping_add(1), g.wrapping_sub(1), g.wrapping_add(7)][k % 3];
+            } else {
+                let g = u32::from_le_bytes(m[at + 1..at + 5].try_into().unwrap());
+                let to = [g.wrapping_add(1), g.wrapping_sub(1), g.wrapping_sub(5), g.wrapping_add(1000)][k % 4];
+                m[at + 1..at + 5].copy_from_slice(&to.to_le_bytes());
+            }
+            let want = read(&m, true);
+            let got = read_snapshot_with(&m, ReadOptions { chunk_bytes: 1, ..Default::default() });
+            if same(&format!("{name} with the fetch at {at} changed"), &want, got.map_err(|e| e.to_string())) > 0 {
+                parallel += 1;
+            }
+            mutants += 1;
+        }
+    }
+    assert!(mutants >= 600, "only {mutants} mutants");
+    assert!(parallel * 10 >= mutants, "only {parallel} of {mutants} mutants were read in parallel");
+}

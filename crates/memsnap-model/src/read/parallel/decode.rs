@@ -7,11 +7,18 @@
 //! snapshot-wide ids when the chunks are merged in order ([`super::merge`]).
 //!
 //! Memo references are resolved by where the index falls:
-//! - at or above the chunk's `base`: an object of this chunk ([`Slot`]);
 //! - below the window's base: an object the VM holds (read through a shared [`StoreView`]);
-//! - in between: an object of an earlier chunk of this window, unknown until that chunk is
-//!   merged; kept as a reference ([`StackRef::Slot`], [`FrameRef::Slot`], [`Text::Slot`]) and
-//!   checked at the merge.
+//! - at or above it, in the window's first chunk: an object of this chunk ([`Slot`]);
+//! - at or above it, in a later chunk: an object of this chunk or of an earlier one. Which,
+//!   the chunk cannot tell while it decodes: its own base is the window's base plus every
+//!   `MEMOIZE` of the chunks before it, and those are counted by their own decoders at the
+//!   same time. So the reference is kept as [`Pending`] (with what it must be: a string, a
+//!   frame dict, a frames list) and [`fix_up`] resolves it once the chunks before are
+//!   counted: to an object of this chunk, checked as the decoder would have, or to one of an
+//!   earlier chunk, kept as a reference ([`StackRef::Slot`], [`FrameRef::Slot`],
+//!   [`Text::Slot`]) and checked at the merge. A chunk thus needs no walk of its own bytes
+//!   before it decodes them, only a walk to its first batch (most of a window is walked
+//!   once).
 //!
 //! Anything outside this grammar ends the chunk at the start of the batch that holds it; the
 //! VM reads that batch itself. So the decoder never has to agree with the VM on an error, only
@@ -41,6 +48,8 @@ pub(super) enum Text {
     Local(u32),
     /// The string in a memo entry of an earlier chunk of the window.
     Slot(u32),
+    /// Not yet known (an entry of [`Chunk::pending`]).
+    Pending(u32),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -51,6 +60,8 @@ pub(super) enum FrameRef {
     Heap(u32),
     /// A frame dict in a memo entry of an earlier chunk of the window.
     Slot(u32),
+    /// Not yet known (an entry of [`Chunk::pending`]).
+    Pending(u32),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,6 +76,8 @@ pub(super) enum StackRef {
     Heap(u32),
     /// A list in a memo entry of an earlier chunk of the window.
     Slot(u32),
+    /// Not yet known (an entry of [`Chunk::pending`]).
+    Pending(u32),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,6 +87,8 @@ pub(super) enum ActionRef {
     Unknown(u32),
     /// The string in a memo entry of an earlier chunk of the window.
     Slot(u32),
+    /// Not yet known (an entry of [`Chunk::pending`]).
+    Pending(u32),
 }
 
 /// One trace entry, as the builder would convert it, with chunk-local references packed in 32
@@ -162,12 +177,14 @@ impl Pack for Text {
             Text::Empty => (0, 0),
             Text::Local(s) => (1, s),
             Text::Slot(g) => (2, g),
+            Text::Pending(p) => (3, p),
         }
     }
     fn from_parts(tag: u32, p: u32) -> Self {
         match tag {
             1 => Text::Local(p),
             2 => Text::Slot(p),
+            3 => Text::Pending(p),
             _ => Text::Empty,
         }
     }
@@ -181,6 +198,7 @@ impl Pack for StackRef {
             StackRef::Local(s) => (2, s),
             StackRef::Heap(id) => (3, id),
             StackRef::Slot(g) => (4, g),
+            StackRef::Pending(p) => (5, p),
         }
     }
     fn from_parts(tag: u32, p: u32) -> Self {
@@ -189,6 +207,7 @@ impl Pack for StackRef {
             2 => StackRef::Local(p),
             3 => StackRef::Heap(p),
             4 => StackRef::Slot(p),
+            5 => StackRef::Pending(p),
             _ => StackRef::Empty,
         }
     }
@@ -200,12 +219,14 @@ impl Pack for ActionRef {
             ActionRef::Known(a) => (0, a as u32),
             ActionRef::Unknown(s) => (1, s),
             ActionRef::Slot(g) => (2, g),
+            ActionRef::Pending(p) => (3, p),
         }
     }
     fn from_parts(tag: u32, p: u32) -> Self {
         match tag {
             1 => ActionRef::Unknown(p),
             2 => ActionRef::Slot(p),
+            3 => ActionRef::Pending(p),
             _ => ActionRef::Known(ALL_ACTIONS.get(p as usize).copied().unwrap_or(Action::Other)),
         }
     }
@@ -221,6 +242,8 @@ pub(super) enum Raw {
     Str(u32),
     /// Whatever a memo entry holds (index into the memo).
     Memo(u32),
+    /// The chunk's own memo entry of this rank (the chunk's base is added at the merge).
+    Local(u32),
 }
 
 /// What a frame dict says, in the order it says it (the builder interns in that order).
@@ -263,6 +286,48 @@ pub(super) enum First {
     HeapList(u32),
 }
 
+/// A reference a chunk made to a memo entry at or above the window's base before its own base
+/// was known, and what the decoder needs it to be.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Pending {
+    /// The memo index.
+    g: u32,
+    want: Want,
+    /// The chunk's `MEMOIZE`s before the fetch: an entry of the chunk at or past this rank was
+    /// not memoized yet (the VM would refuse the fetch).
+    memoized: u32,
+    /// The batch that first made it (index into [`Chunk::marks`]): where the chunk ends if it
+    /// does not resolve.
+    batch: u32,
+}
+
+/// What a [`Pending`] reference must resolve to, as the decoder accepts it where it was read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) enum Want {
+    /// A string (an event's or a frame's text).
+    Text,
+    /// An action's name.
+    Action,
+    /// A `frames` list.
+    Stack,
+    /// A frame dict.
+    Frame,
+    /// The value of an ignored key: a string or a tuple of this chunk, or anything earlier.
+    Value,
+}
+
+/// A [`Pending`] reference resolved.
+#[derive(Clone, Copy, Debug)]
+enum Resolved {
+    Text(Text),
+    Action(ActionRef),
+    Stack(StackRef),
+    Frame(FrameRef),
+    Value,
+    /// Not what the decoder accepts there: the chunk ends before the batch that made it.
+    Fails,
+}
+
 /// A key this version does not know, or an action: counted like the builder counts them.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Unknown {
@@ -288,7 +353,8 @@ pub(super) struct Mark {
 /// so a large file does not fault in fresh pages for every window.
 #[derive(Default)]
 pub(in crate::read) struct Chunk {
-    /// Memo index of the first `MEMOIZE` of the chunk.
+    /// Memo index of the first `MEMOIZE` of the chunk (set by [`fix_up`] for all but a
+    /// window's first chunk).
     pub(super) base: u32,
     pub(super) start: usize,
     pub(super) events: Vec<RawEvent>,
@@ -296,8 +362,9 @@ pub(in crate::read) struct Chunk {
     /// address).
     pub(super) device_frees: Vec<(u32, u64)>,
     /// The events whose stack or action is a memo entry of an earlier chunk
-    /// ([`StackRef::Slot`], [`ActionRef::Slot`]), the only ones the merge must check: listed
-    /// here so that the merge, which runs on one thread, does not read every event.
+    /// ([`StackRef::Slot`], [`ActionRef::Slot`]), the only ones the merge must check, or that
+    /// hold a [`Pending`] reference, the only ones [`fix_up`] rewrites: listed here so that
+    /// neither reads every event.
     pub(super) slot_refs: Vec<u32>,
     pub(super) slots: Vec<Packed<Slot>>,
     /// Strings read from the window or the VM's heap (a few per chunk: the same ones recur).
@@ -309,6 +376,10 @@ pub(in crate::read) struct Chunk {
     pub(super) unknown: Vec<Unknown>,
     /// State after each whole batch, in order.
     pub(super) marks: Vec<Mark>,
+    /// References whose target is not known while the chunk decodes, for [`fix_up`].
+    pending: Vec<Pending>,
+    pending_ids: FxHashMap<(u32, Want), u32>,
+    resolved: Vec<Resolved>,
     /// Whether the chunk ended exactly where the next one starts.
     pub(super) complete: bool,
     /// Whether the batch that ended it ran past the end of the window (so more input may
@@ -337,6 +408,8 @@ impl Chunk {
         self.firsts.clear();
         self.unknown.clear();
         self.marks.clear();
+        self.pending.clear();
+        self.pending_ids.clear();
         self.complete = false;
         self.ran_out = false;
         self.str_ids.clear();
@@ -359,12 +432,14 @@ struct Stop;
 
 type R<T> = Result<T, Stop>;
 
-/// Read the chunk that starts at `start` (a batch boundary) with memo base `base`, up to
-/// `stop` (the next chunk's start), into `chunk`.
-pub(super) fn decode(w: Window<'_, '_, '_>, start: usize, stop: usize, base: u32, chunk: &mut Chunk) {
-    chunk.reset(start, base);
+/// Read the chunk that starts at `start` (a batch boundary) up to `stop` (the next chunk's
+/// start), into `chunk`. `base` is its memo base when known (the window's first chunk); else
+/// references at or above the window's base wait for [`fix_up`].
+pub(super) fn decode(w: Window<'_, '_, '_>, start: usize, stop: usize, base: Option<u32>, chunk: &mut Chunk) {
+    chunk.reset(start, base.unwrap_or(0));
     let mut d = Decoder {
         w,
+        base,
         pos: start,
         counts: Counts::default(),
         frame_end: None,
@@ -389,11 +464,114 @@ pub(super) fn decode(w: Window<'_, '_, '_>, start: usize, stop: usize, base: u32
     d.chunk.complete = d.pos == stop;
 }
 
+/// Give chunk `chunk` (decoded without its base) its base, and resolve its [`Pending`]
+/// references: to its own objects, checked as the decoder checks them, or to an earlier
+/// chunk's, as references for the merge to check. A reference that does not resolve ends the
+/// chunk before the batch that first made it, as a failed check in the decoder would have.
+pub(super) fn fix_up(chunk: &mut Chunk, base: u32) {
+    chunk.base = base;
+    if chunk.pending.is_empty() {
+        return;
+    }
+    let mut resolved = std::mem::take(&mut chunk.resolved);
+    resolved.clear();
+    let mut fails_at = u32::MAX;
+    for p in &chunk.pending {
+        let r = resolve_pending(chunk, base, p);
+        if matches!(r, Resolved::Fails) {
+            fails_at = fails_at.min(p.batch);
+        }
+        resolved.push(r);
+    }
+    let text = |t: Text| match t {
+        Text::Pending(p) => match resolved[p as usize] {
+            Resolved::Text(t) => t,
+            _ => t,
+        },
+        t => t,
+    };
+    for &i in &chunk.slot_refs {
+        let e = &mut chunk.events[i as usize];
+        if let StackRef::Pending(p) = e.stack.get() {
+            if let Resolved::Stack(s) = resolved[p as usize] {
+                e.stack = Packed::new(s).unwrap_or(e.stack);
+            }
+        }
+        if let ActionRef::Pending(p) = e.action.get() {
+            if let Resolved::Action(a) = resolved[p as usize] {
+                e.action = Packed::new(a).unwrap_or(e.action);
+            }
+        }
+        e.compile_context = Packed::new(text(e.compile_context.get())).unwrap_or(e.compile_context);
+        e.user_metadata = Packed::new(text(e.user_metadata.get())).unwrap_or(e.user_metadata);
+    }
+    for stack in &mut chunk.stacks {
+        for f in stack.iter_mut() {
+            if let FrameRef::Pending(p) = *f {
+                if let Resolved::Frame(r) = resolved[p as usize] {
+                    *f = r;
+                }
+            }
+        }
+    }
+    for frame in &mut chunk.frames {
+        for field in &mut frame.fields {
+            match field {
+                FrameField::Filename(t) | FrameField::Name(t) => *t = text(*t),
+                FrameField::Line(_) => {}
+            }
+        }
+    }
+    for first in &mut chunk.firsts {
+        if let First::Text(t) = first {
+            *t = text(*t);
+        }
+    }
+    if (fails_at as usize) < chunk.marks.len() {
+        chunk.marks.truncate(fails_at as usize);
+        chunk.complete = false;
+        chunk.ran_out = false;
+    }
+    chunk.resolved = resolved;
+}
+
+/// What pending reference `p` of `chunk` (whose base is `base`) is.
+fn resolve_pending(chunk: &Chunk, base: u32, p: &Pending) -> Resolved {
+    let Some(rank) = p.g.checked_sub(base) else {
+        return match p.want {
+            Want::Text => Resolved::Text(Text::Slot(p.g)),
+            Want::Action => Resolved::Action(ActionRef::Slot(p.g)),
+            Want::Stack => Resolved::Stack(StackRef::Slot(p.g)),
+            Want::Frame => Resolved::Frame(FrameRef::Slot(p.g)),
+            Want::Value => Resolved::Value,
+        };
+    };
+    // A batch the decoder gave up on leaves its references behind, past the slots it took:
+    // they fail at or after the chunk's end, which changes nothing.
+    let Some(slot) = chunk.slots.get(rank as usize).filter(|_| rank < p.memoized) else {
+        return Resolved::Fails;
+    };
+    match (p.want, slot.get()) {
+        (Want::Text, Slot::Str(s)) => Resolved::Text(Text::Local(s)),
+        (Want::Action, Slot::Str(s)) => Resolved::Action(match Action::parse(&chunk.strs[s as usize]) {
+            Action::Other => ActionRef::Unknown(s),
+            a => ActionRef::Known(a),
+        }),
+        (Want::Stack, Slot::List(None)) => Resolved::Stack(StackRef::Empty),
+        (Want::Stack, Slot::List(Some(s))) => Resolved::Stack(StackRef::Local(s)),
+        (Want::Frame, Slot::Frame(f)) => Resolved::Frame(FrameRef::Local(f)),
+        (Want::Value, Slot::Str(_) | Slot::Tuple(_)) => Resolved::Value,
+        _ => Resolved::Fails,
+    }
+}
+
 const KEY_CACHE: usize = 64;
 const VM_CACHE: usize = 256;
 
 struct Decoder<'d, 's, 'a, 'c> {
     w: Window<'d, 's, 'a>,
+    /// The chunk's memo base, when known.
+    base: Option<u32>,
     pos: usize,
     counts: Counts,
     frame_end: Option<usize>,
@@ -417,6 +595,8 @@ enum Got {
     Local(Slot),
     Vm(MemoRef),
     Earlier(u32),
+    /// At or above the window's base, the chunk's base unknown: see [`Decoder::defer`].
+    Pending(u32),
 }
 
 impl<'d> Decoder<'d, '_, '_, '_> {
@@ -584,10 +764,6 @@ impl<'d> Decoder<'d, '_, '_, '_> {
 
     #[inline]
     fn resolve(&mut self, g: u32) -> R<Got> {
-        let base = self.chunk.base;
-        if g >= base {
-            return self.chunk.slots.get((g - base) as usize).map(|p| Got::Local(p.get())).ok_or(Stop);
-        }
         if g < self.w.vm_memo {
             let c = &mut self.vm_cache[g as usize % VM_CACHE];
             if c.0 != g {
@@ -595,7 +771,26 @@ impl<'d> Decoder<'d, '_, '_, '_> {
             }
             return Ok(Got::Vm(c.1));
         }
-        Ok(Got::Earlier(g))
+        match self.base {
+            Some(base) if g >= base => {
+                self.chunk.slots.get((g - base) as usize).map(|p| Got::Local(p.get())).ok_or(Stop)
+            }
+            Some(_) => Ok(Got::Earlier(g)),
+            None => Ok(Got::Pending(g)),
+        }
+    }
+
+    /// The [`Pending`] entry for memo index `g` wanted as `want` (one per index and want: the
+    /// first fetch is the one that must be checked).
+    fn defer(&mut self, g: u32, want: Want) -> u32 {
+        let next = self.chunk.pending.len() as u32;
+        let p = *self.chunk.pending_ids.entry((g, want)).or_insert(next);
+        if p == next {
+            let memoized = self.chunk.slots.len() as u32;
+            let batch = self.chunk.marks.len() as u32;
+            self.chunk.pending.push(Pending { g, want, memoized, batch });
+        }
+        p
     }
 
     // --- tables
@@ -645,7 +840,7 @@ impl<'d> Decoder<'d, '_, '_, '_> {
                     self.chunk.firsts.push(First::Text(t));
                 }
             }
-            Text::Slot(_) => self.chunk.firsts.push(First::Text(t)),
+            Text::Slot(_) | Text::Pending(_) => self.chunk.firsts.push(First::Text(t)),
         }
     }
 
@@ -785,6 +980,10 @@ impl<'d> Decoder<'d, '_, '_, '_> {
                     // A list or a dict fetched into an ignored key would be shared with what
                     // holds it: not what a trace entry does.
                     Got::Local(Slot::Str(_)) | Got::Local(Slot::Tuple(_)) | Got::Earlier(_) => Ok(Raw::Memo(g)),
+                    Got::Pending(g) => {
+                        self.defer(g, Want::Value);
+                        Ok(Raw::Memo(g))
+                    }
                     Got::Vm(MemoRef::Value(v)) if !matches!(v, Value::List(_) | Value::Dict(_) | Value::Set(_)) => {
                         Ok(Raw::Memo(g))
                     }
@@ -822,7 +1021,7 @@ impl<'d> Decoder<'d, '_, '_, '_> {
             return Ok(Raw::None);
         }
         self.memoize(Slot::Tuple(id))?;
-        Ok(Raw::Memo(self.chunk.base + self.chunk.slots.len() as u32 - 1))
+        Ok(Raw::Local(self.chunk.slots.len() as u32 - 1))
     }
 
     /// A string value (or `None`): literal, or fetched.
@@ -847,6 +1046,7 @@ impl<'d> Decoder<'d, '_, '_, '_> {
                     Got::Vm(MemoRef::Value(Value::Str(s))) => Text::Local(self.vm_text(g, s)),
                     Got::Vm(MemoRef::Value(Value::None)) => return Ok((Text::Empty, Raw::None)),
                     Got::Earlier(g) => Text::Slot(g),
+                    Got::Pending(g) => Text::Pending(self.defer(g, Want::Text)),
                     _ => return Err(Stop),
                 };
                 Ok((t, Raw::Memo(g)))
@@ -880,6 +1080,7 @@ impl<'d> Decoder<'d, '_, '_, '_> {
                         })
                     }
                     Got::Earlier(g) => Ok(ActionRef::Slot(g)),
+                    Got::Pending(g) => Ok(ActionRef::Pending(self.defer(g, Want::Action))),
                     _ => Err(Stop),
                 }
             }
@@ -983,7 +1184,11 @@ impl<'d> Decoder<'d, '_, '_, '_> {
             user_metadata: Packed::new(user_metadata)?,
             action: Packed::new(action)?,
         };
-        if matches!(stack, StackRef::Slot(_)) || matches!(action, ActionRef::Slot(_)) {
+        if matches!(stack, StackRef::Slot(_) | StackRef::Pending(_))
+            || matches!(action, ActionRef::Slot(_) | ActionRef::Pending(_))
+            || matches!(compile_context, Text::Pending(_))
+            || matches!(user_metadata, Text::Pending(_))
+        {
             self.chunk.slot_refs.push(index);
         }
         if let Some(f) = device_free {
@@ -1016,6 +1221,7 @@ impl<'d> Decoder<'d, '_, '_, '_> {
                     },
                     Got::Vm(MemoRef::Value(Value::None)) => Ok(StackRef::Empty),
                     Got::Earlier(g) => Ok(StackRef::Slot(g)),
+                    Got::Pending(g) => Ok(StackRef::Pending(self.defer(g, Want::Stack))),
                     _ => Err(Stop),
                 }
             }
@@ -1090,6 +1296,7 @@ impl<'d> Decoder<'d, '_, '_, '_> {
                     Got::Local(Slot::Frame(f)) => Ok(FrameRef::Local(f)),
                     Got::Vm(MemoRef::Value(Value::Dict(d))) => Ok(FrameRef::Heap(d)),
                     Got::Earlier(g) => Ok(FrameRef::Slot(g)),
+                    Got::Pending(g) => Ok(FrameRef::Pending(self.defer(g, Want::Frame))),
                     _ => Err(Stop),
                 }
             }

@@ -141,14 +141,17 @@ fn batch_resolves(b: &mut Builder, view: StoreView<'_, '_>, chunk: &Chunk, from:
 fn text_resolves(view: StoreView<'_, '_>, t: Text) -> bool {
     match t {
         Text::Slot(g) => matches!(view.memo_get(g as usize), Some(MemoRef::Value(Value::Str(_) | Value::None))),
-        _ => true,
+        // `fix_up` resolves every reference of the batches it leaves.
+        Text::Pending(_) => false,
+        Text::Empty | Text::Local(_) => true,
     }
 }
 
 fn action_resolves(view: StoreView<'_, '_>, a: ActionRef) -> bool {
     match a {
         ActionRef::Slot(g) => matches!(view.memo_get(g as usize), Some(MemoRef::Value(Value::Str(_)))),
-        _ => true,
+        ActionRef::Pending(_) => false,
+        ActionRef::Known(_) | ActionRef::Unknown(_) => true,
     }
 }
 
@@ -161,8 +164,9 @@ fn stack_resolves(view: StoreView<'_, '_>, s: StackRef) -> bool {
             }
             _ => false,
         },
+        StackRef::Pending(_) => false,
         // A chunk's own stacks are checked where they are logged (`First::Stack`).
-        _ => true,
+        StackRef::Empty | StackRef::Known(_) | StackRef::Local(_) | StackRef::Heap(_) => true,
     }
 }
 
@@ -177,6 +181,7 @@ fn frame_resolves(b: &mut Builder, view: StoreView<'_, '_>, chunk: &Chunk, f: Fr
             Some(MemoRef::Value(Value::Dict(d))) => heap_frame_resolves(b, view.heap, d),
             _ => false,
         },
+        FrameRef::Pending(_) => false,
     }
 }
 
@@ -247,6 +252,8 @@ fn text_id(b: &mut Builder, view: StoreView<'_, '_>, chunk: &Chunk, m: &mut Maps
             Some(Value::Str(s)) => b.heap_str_id(view.heap, s),
             _ => StrId::EMPTY,
         },
+        // Checked away by `batch_resolves`.
+        Text::Pending(_) => StrId::EMPTY,
     }
 }
 
@@ -279,6 +286,8 @@ fn frame_id(b: &mut Builder, view: StoreView<'_, '_>, chunk: &Chunk, m: &mut Map
             Some(v @ Value::Dict(_)) => b.frame(view.heap, v).unwrap_or(FrameId(0)),
             _ => FrameId(0),
         },
+        // Checked away by `batch_resolves`.
+        FrameRef::Pending(_) => FrameId(0),
     }
 }
 
@@ -309,6 +318,8 @@ fn event(
             },
             _ => StackId::EMPTY,
         },
+        // Resolved by `fix_up` in every batch the merge takes.
+        StackRef::Pending(_) => StackId::EMPTY,
     };
     let text = |t: Text| match t {
         Text::Empty => StrId::EMPTY,
@@ -318,6 +329,7 @@ fn event(
             Some(Value::Str(s)) => b.cached_str_id(s).unwrap_or(StrId::EMPTY),
             _ => StrId::EMPTY,
         },
+        Text::Pending(_) => StrId::EMPTY,
     };
     let cc = text(e.compile_context.get());
     let um = text(e.user_metadata.get());
@@ -338,6 +350,7 @@ fn event(
             }
             _ => Action::Other,
         },
+        ActionRef::Pending(_) => Action::Other,
     };
     let addr = match (action, device_free) {
         (Action::Oom, Some(f)) => f,
@@ -417,6 +430,10 @@ fn raw_value(store: &mut Store<'_, '_>, chunk: &Chunk, m: &mut Maps, r: Raw) -> 
         Raw::Float(f) => Value::Float(f),
         Raw::Str(s) => heap_str(store, chunk, m, s),
         Raw::Memo(g) => match store.view().memo_get(g as usize) {
+            Some(MemoRef::Value(v)) => v,
+            _ => Value::None,
+        },
+        Raw::Local(rank) => match store.view().memo_get((chunk.base + rank) as usize) {
             Some(MemoRef::Value(v)) => v,
             _ => Value::None,
         },

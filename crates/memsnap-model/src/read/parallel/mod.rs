@@ -4,12 +4,14 @@
 //! `FRAME`s of at most 64 KiB that end on opcode boundaries, so any frame start is a place to
 //! begin decoding opcodes. A trace list is written as batches of 1000 entries (`MARK entry…
 //! APPENDS`), and a batch starts with a pattern no other object of a snapshot starts with:
-//! `MARK EMPTY_DICT MEMOIZE MARK BINGET <the memo index of the key 'action'>`. `MEMOIZE` gives
-//! each object the next memo index, so counting the `MEMOIZE`s of every chunk (a walk over
-//! opcode lengths, in parallel) tells each chunk the exact memo index it starts at. Each chunk
-//! then decodes its batches into events on its own thread ([`decode`]); references to objects
-//! of earlier chunks stay references until the chunks are merged in order ([`merge`]), which
-//! gives strings, frames and stacks the ids the sequential reader would have given them.
+//! `MARK EMPTY_DICT MEMOIZE MARK BINGET <the memo index of the key 'action'>`. So each chunk
+//! walks opcode lengths to its first batch and decodes from there into events on its own
+//! thread ([`decode`]). `MEMOIZE` gives each object the next memo index, so the `MEMOIZE`s each
+//! decoder counts tell every chunk, once all are decoded, the exact memo index it started at;
+//! references that needed it are resolved then ([`decode::fix_up`], in parallel). References
+//! to objects of earlier chunks stay references until the chunks are merged in order
+//! ([`merge`]), which gives strings, frames and stacks the ids the sequential reader would
+//! have given them.
 //!
 //! How it fits the VM: after the VM appends a batch of compacted entries to a list, it offers
 //! the builder to read on ([`memsnap_pickle::Compactor::fast_forward`]); this module reads as
@@ -23,7 +25,7 @@
 mod decode;
 mod merge;
 
-use memsnap_pickle::scan::{self, Counts};
+use memsnap_pickle::scan;
 use memsnap_pickle::{Advanced, Ahead, ErrorKind, MemoRef, PickleError, StoreView, Value};
 use rayon::prelude::*;
 
@@ -99,7 +101,13 @@ pub(super) fn fast_forward(b: &mut Builder, ahead: Ahead<'_, '_>) -> Result<Opti
     // One batch first, on this thread: a file whose batches the decoder does not take costs
     // one batch per try, not a window.
     let mut probe = b.chunk_pool.pop().unwrap_or_default();
-    decode::decode(Window { data: bytes, store: view, vm_memo: vm_memo as u32 }, 0, 1, vm_memo as u32, &mut probe);
+    decode::decode(
+        Window { data: bytes, store: view, vm_memo: vm_memo as u32 },
+        0,
+        1,
+        Some(vm_memo as u32),
+        &mut probe,
+    );
     let took_one = !probe.marks.is_empty();
     b.chunk_pool.push(probe);
     if !took_one {
@@ -108,49 +116,52 @@ pub(super) fn fast_forward(b: &mut Builder, ahead: Ahead<'_, '_>) -> Result<Opti
     }
 
     b.windows_scanned += 1;
-    // Phase 1, parallel: where each chunk's first batch starts, and its MEMOIZE count.
-    let scans: Vec<Option<ChunkScan>> =
-        (0..bounds.len() - 1).into_par_iter().map(|k| scan_chunk(bytes, bounds[k], bounds[k + 1], view)).collect();
-    let mut starts: Vec<(usize, u32)> = Vec::new();
-    let mut memo = vm_memo as u64;
-    let mut scanned_to_end = true;
+    // Phase 1, parallel: where each chunk's first batch starts (a walk to it, no further).
+    let syncs: Vec<Option<Option<usize>>> =
+        (1..bounds.len() - 1).into_par_iter().map(|k| first_batch(bytes, bounds[k], bounds[k + 1], view)).collect();
+    let mut starts: Vec<usize> = vec![0];
+    let mut walked_to_end = true;
     let mut last_stop = *bounds.last().unwrap_or(&0);
-    for (k, s) in scans.iter().enumerate() {
-        let Some(s) = s else {
-            scanned_to_end = false;
-            last_stop = bounds[k];
-            break;
-        };
-        if let Some((pos, before)) = s.sync {
-            let base = memo + before.memoize;
-            if base >= (u32::MAX / 2) as u64 {
-                scanned_to_end = false;
-                last_stop = bounds[k];
+    for (k, sync) in syncs.iter().enumerate() {
+        match sync {
+            Some(Some(pos)) => starts.push(*pos),
+            Some(None) => {}
+            None => {
+                walked_to_end = false;
+                last_stop = bounds[k + 1];
                 break;
             }
-            starts.push((pos, base as u32));
         }
-        memo += s.total.memoize;
-    }
-    if starts.first().map(|s| s.0) != Some(0) {
-        return Ok(None);
     }
 
-    // Phase 2, parallel: decode each chunk from its start to the next one's.
+    // Phase 2, parallel: decode each chunk from its start to the next one's. Only the first
+    // knows its memo base; the others learn theirs from the counts of those before them, and
+    // then resolve what waited on it.
     let window = Window { data: bytes, store: view, vm_memo: vm_memo as u32 };
     let mut chunks = std::mem::take(&mut b.chunk_pool);
     chunks.resize_with(starts.len().max(chunks.len()), decode::Chunk::default);
     chunks[..starts.len()].par_iter_mut().enumerate().for_each(|(i, chunk)| {
-        let stop = starts.get(i + 1).map_or(last_stop, |s| s.0);
-        decode::decode(window, starts[i].0, stop, starts[i].1, chunk);
+        let stop = starts.get(i + 1).copied().unwrap_or(last_stop);
+        let base = (i == 0).then_some(vm_memo as u32);
+        decode::decode(window, starts[i], stop, base, chunk);
     });
+    let mut bases: Vec<u32> = Vec::with_capacity(starts.len());
+    let mut base = vm_memo as u64;
+    for chunk in &chunks[..starts.len()] {
+        bases.push(base as u32);
+        base += chunk.marks.last().map_or(0, |m| m.counts.memoize);
+        if !chunk.complete || base >= (u32::MAX / 2) as u64 {
+            break;
+        }
+    }
+    chunks[1..bases.len()].par_iter_mut().zip(&bases[1..]).for_each(|(chunk, &base)| decode::fix_up(chunk, base));
 
     // Phase 3, in order: merge.
     let first_record = b.records;
     let mut adv = Advanced { first_record, ..Advanced::default() };
-    let mut window_end = scanned_to_end && chain_to_end;
+    let mut window_end = walked_to_end && chain_to_end;
     let mut merged_maps: Vec<(merge::Maps, usize)> = Vec::with_capacity(starts.len());
-    for (i, chunk) in chunks[..starts.len()].iter().enumerate() {
+    for (i, chunk) in chunks[..bases.len()].iter().enumerate() {
         let expected_base = expected_base(&chunks, i, vm_memo as u32);
         if chunk.base != expected_base {
             window_end = false;
@@ -298,21 +309,11 @@ fn chunk_bounds(bytes: &[u8], frame_rel: u64, chunk_bytes: usize) -> (Vec<usize>
     (bounds, to_end)
 }
 
-/// What the walk over one chunk found.
-#[derive(Clone, Copy, Debug)]
-struct ChunkScan {
-    /// The first batch start in the chunk, with the counts from the chunk's start to it.
-    sync: Option<(usize, Counts)>,
-    /// Counts over the whole chunk.
-    total: Counts,
-}
-
-/// Walk the opcodes of `data[from..to]`; `None` when an opcode there has no known length or
+/// The first batch start in `data[from..to]`, walking opcodes from `from` until one is found
+/// (`Some(None)`: none there); `None` when an opcode on the way has no known length or
 /// crosses `to`.
-fn scan_chunk(data: &[u8], from: usize, to: usize, view: StoreView<'_, '_>) -> Option<ChunkScan> {
-    let mut c = Counts::default();
+fn first_batch(data: &[u8], from: usize, to: usize, view: StoreView<'_, '_>) -> Option<Option<usize>> {
     let mut pos = from;
-    let mut sync = None;
     // The chunk's start is a candidate (the previous chunk may end with APPENDS), but only for
     // a batch that opens with MARK: without knowing the opcode before, a lone entry there may
     // be the middle of a batch. After it, the position just after an APPENDS or APPEND (a
@@ -320,22 +321,21 @@ fn scan_chunk(data: &[u8], from: usize, to: usize, view: StoreView<'_, '_>) -> O
     let mut candidate = true;
     let mut after_appends = false;
     while pos < to {
-        if candidate && sync.is_none() && batch_starts(data, pos, view, after_appends) {
-            sync = Some((pos, c));
+        if candidate && batch_starts(data, pos, view, after_appends) {
+            return Some(Some(pos));
         }
         let op = data[pos];
         let n = scan::op_len_fast(data, pos)?;
         if pos + n > to {
             return None;
         }
-        c.count(op);
         pos += n;
         if op != scan::FRAME {
             candidate = op == scan::APPENDS || op == scan::APPEND;
             after_appends = candidate;
         }
     }
-    Some(ChunkScan { sync, total: c })
+    Some(None)
 }
 
 /// Whether a batch of trace entries starts at `pos`: `MARK EMPTY_DICT MEMOIZE MARK` and a
