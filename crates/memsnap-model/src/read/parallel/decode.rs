@@ -378,7 +378,6 @@ pub(in crate::read) struct Chunk {
     pub(super) marks: Vec<Mark>,
     /// References whose target is not known while the chunk decodes, for [`fix_up`].
     pending: Vec<Pending>,
-    pending_ids: FxHashMap<(u32, Want), u32>,
     resolved: Vec<Resolved>,
     /// Whether the chunk ended exactly where the next one starts.
     pub(super) complete: bool,
@@ -409,7 +408,6 @@ impl Chunk {
         self.unknown.clear();
         self.marks.clear();
         self.pending.clear();
-        self.pending_ids.clear();
         self.complete = false;
         self.ran_out = false;
         self.str_ids.clear();
@@ -447,6 +445,7 @@ pub(super) fn decode(w: Window<'_, '_, '_>, start: usize, stop: usize, base: Opt
         key_cache: [(u32::MAX, Key::Other); KEY_CACHE],
         text_cache: [(u32::MAX, 0); KEY_CACHE],
         vm_cache: [(u32::MAX, MemoRef::LazyList(0)); VM_CACHE],
+        pending_cache: [(u32::MAX, Want::Value, 0); PENDING_CACHE],
         last_literal: ("", u32::MAX),
         ran_out: false,
     };
@@ -567,6 +566,7 @@ fn resolve_pending(chunk: &Chunk, base: u32, p: &Pending) -> Resolved {
 
 const KEY_CACHE: usize = 64;
 const VM_CACHE: usize = 256;
+const PENDING_CACHE: usize = 256;
 
 struct Decoder<'d, 's, 'a, 'c> {
     w: Window<'d, 's, 'a>,
@@ -584,6 +584,10 @@ struct Decoder<'d, 's, 'a, 'c> {
     /// Memo index → entry, for the VM's entries the chunk fetches (direct-mapped): the same
     /// frame dicts and strings recur, and a lookup in the packed memo costs several loads.
     vm_cache: [(u32, MemoRef); VM_CACHE],
+    /// (memo index, want) → [`Pending`] entry (direct-mapped): the frames a chunk brings in
+    /// are fetched again by many of its entries, and one entry each keeps their stacks one
+    /// (a stack is told from another by its frames' references).
+    pending_cache: [(u32, Want, u32); PENDING_CACHE],
     /// The last string read literally, and its entry (the `'N/A'` every entry writes anew).
     last_literal: (&'d str, u32),
     /// Whether a read went past the end of the window.
@@ -780,16 +784,19 @@ impl<'d> Decoder<'d, '_, '_, '_> {
         }
     }
 
-    /// The [`Pending`] entry for memo index `g` wanted as `want` (one per index and want: the
-    /// first fetch is the one that must be checked).
+    /// A [`Pending`] entry for memo index `g` wanted as `want`: the one a recent fetch of the
+    /// same made, else a new one. An index fetched again later may get an entry of its own;
+    /// each is checked on its own, and the first fails first.
     fn defer(&mut self, g: u32, want: Want) -> u32 {
-        let next = self.chunk.pending.len() as u32;
-        let p = *self.chunk.pending_ids.entry((g, want)).or_insert(next);
-        if p == next {
-            let memoized = self.chunk.slots.len() as u32;
-            let batch = self.chunk.marks.len() as u32;
-            self.chunk.pending.push(Pending { g, want, memoized, batch });
+        let c = &mut self.pending_cache[g as usize % PENDING_CACHE];
+        if c.0 == g && c.1 == want {
+            return c.2;
         }
+        let p = self.chunk.pending.len() as u32;
+        *c = (g, want, p);
+        let memoized = self.chunk.slots.len() as u32;
+        let batch = self.chunk.marks.len() as u32;
+        self.chunk.pending.push(Pending { g, want, memoized, batch });
         p
     }
 
