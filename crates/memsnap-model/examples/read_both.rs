@@ -16,12 +16,13 @@ fn main() {
     let t_seq = t.elapsed();
     let events: usize = seq.traces.iter().map(|t| t.events.len()).sum();
     println!(
-        "{path}: {} bytes, {events} events; sequential {:.3} s, parallel {:.3} s on {} threads ({:.1}% of the bytes)",
+        "{path}: {} bytes, {events} events; sequential {:.3} s, parallel {:.3} s on {} threads ({:.1}% of the bytes, {} windows)",
         data.len(),
         t_seq.as_secs_f64(),
         t_par.as_secs_f64(),
         rayon::current_num_threads(),
-        100.0 * par.source.parallel_bytes as f64 / data.len() as f64
+        100.0 * par.source.parallel_bytes as f64 / data.len() as f64,
+        par.source.parallel_windows
     );
     let same = seq.traces == par.traces
         && seq.strings == par.strings
