@@ -159,7 +159,8 @@ pub(super) fn fast_forward(b: &mut Builder, ahead: Ahead<'_, '_>) -> Result<Opti
     // Phase 3, in order: merge.
     let first_record = b.records;
     let mut adv = Advanced { first_record, ..Advanced::default() };
-    let mut window_end = walked_to_end && chain_to_end;
+    // Chunks past the memo's limit are left to the VM.
+    let mut window_end = walked_to_end && chain_to_end && bases.len() == starts.len();
     let mut merged_maps: Vec<(merge::Maps, usize)> = Vec::with_capacity(starts.len());
     for (i, chunk) in chunks[..bases.len()].iter().enumerate() {
         let expected_base = expected_base(&chunks, i, vm_memo as u32);
