@@ -21,6 +21,7 @@ use std::sync::Arc;
 use memsnap_pickle::CountingReader;
 
 use crate::invocation::in_memory;
+use crate::read_ahead::ReadAhead;
 
 /// The compression a file uses, detected from its first bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -137,6 +138,16 @@ pub fn open_input(path: &Path, cap: Option<u64>) -> io::Result<Opened> {
     let decoded: Box<dyn Read + Send> = match cap {
         Some(cap) => Box::new(Capped { inner: decoded, left: cap, over_cap: over_cap.clone() }),
         None => decoded,
+    };
+    // Decompression, several times slower than parsing, runs on a thread of its own
+    // (`crate::read_ahead`). A plain file is read where it is parsed: reading it ahead gains
+    // nothing measurable (a copy more per byte) and costs the read-ahead's buffers.
+    let (decoded, stored) = if compression != Compression::None {
+        let ahead = ReadAhead::spawn(decoded, stored)?;
+        let stored = ahead.stored();
+        (Box::new(ahead) as Box<dyn Read + Send>, stored)
+    } else {
+        (decoded, stored)
     };
     let (reader, pickle) = CountingReader::new(decoded);
     Ok(Opened { reader: Box::new(reader), compression, stored, pickle, regular_len, over_cap })

@@ -20,6 +20,7 @@ mod moment;
 mod output;
 mod pipeline;
 mod progress;
+mod read_ahead;
 mod size;
 mod text;
 
