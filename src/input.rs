@@ -21,6 +21,7 @@ use std::sync::Arc;
 use memsnap_pickle::CountingReader;
 
 use crate::invocation::in_memory;
+use crate::parallel_file::ParallelFile;
 use crate::read_ahead::ReadAhead;
 
 /// The compression a file uses, detected from its first bytes.
@@ -118,7 +119,14 @@ pub fn open_input(path: &Path, cap: Option<u64>) -> io::Result<Opened> {
         }
         // Only a regular file's length means anything: pipes, devices and /proc files report
         // 0 (or a device size) and are read to their end instead.
-        (Box::new(file), meta.is_file().then_some(meta.len()))
+        let regular_len = meta.is_file().then_some(meta.len());
+        // A file with a length is read at offsets, its large reads in parallel; the rest (a
+        // /proc file reports 0) read as they come.
+        let raw: Box<dyn Read + Send> = match regular_len {
+            Some(len) if len > 0 => Box::new(ParallelFile::new(file)),
+            _ => Box::new(file),
+        };
+        (raw, regular_len)
     };
     let (counted, stored) = CountingReader::new(raw);
     let mut counted: Box<dyn Read + Send> = Box::new(counted);

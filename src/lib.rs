@@ -18,6 +18,7 @@ mod json_stream;
 mod load;
 mod moment;
 mod output;
+mod parallel_file;
 mod pipeline;
 mod progress;
 mod read_ahead;

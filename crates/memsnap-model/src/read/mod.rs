@@ -313,6 +313,9 @@ struct Builder {
     backoff: u64,
     /// Windows the parallel reader scanned (`SourceInfo::parallel_windows`).
     windows_scanned: u64,
+    /// Where the last window the parallel reader read to its end ended (0: none yet): a window
+    /// that starts there needs no probe (see `parallel::fast_forward`).
+    whole_window_end: u64,
     /// [`ReadOptions::chunk_bytes`].
     chunk_bytes: usize,
     /// Whether events are kept (they are tallied per list either way; a summary read keeps

@@ -99,20 +99,24 @@ pub(super) fn fast_forward(b: &mut Builder, ahead: Ahead<'_, '_>) -> Result<Opti
         return Ok(None);
     }
     // One batch first, on this thread: a file whose batches the decoder does not take costs
-    // one batch per try, not a window.
-    let mut probe = b.chunk_pool.pop().unwrap_or_default();
-    decode::decode(
-        Window { data: bytes, store: view, vm_memo: vm_memo as u32 },
-        0,
-        1,
-        Some(vm_memo as u32),
-        &mut probe,
-    );
-    let took_one = !probe.marks.is_empty();
-    b.chunk_pool.push(probe);
-    if !took_one {
-        b.back_off(offset);
-        return Ok(None);
+    // one batch per try, not a window. Not after a window read to its end, where this one
+    // starts: its batches went on to here, so the next is taken but for a rare entry, and a
+    // window that takes nothing backs off like any short one.
+    if offset != b.whole_window_end || offset == 0 {
+        let mut probe = b.chunk_pool.pop().unwrap_or_default();
+        decode::decode(
+            Window { data: bytes, store: view, vm_memo: vm_memo as u32 },
+            0,
+            1,
+            Some(vm_memo as u32),
+            &mut probe,
+        );
+        let took_one = !probe.marks.is_empty();
+        b.chunk_pool.push(probe);
+        if !took_one {
+            b.back_off(offset);
+            return Ok(None);
+        }
     }
 
     b.windows_scanned += 1;
@@ -247,6 +251,9 @@ pub(super) fn fast_forward(b: &mut Builder, ahead: Ahead<'_, '_>) -> Result<Opti
     adv.records = b.records - first_record;
     b.chunk_pool = chunks;
     adv.window_end = window_end;
+    if window_end {
+        b.whole_window_end = offset + adv.consumed as u64;
+    }
     if window_end || adv.consumed >= bytes.len() / 4 {
         b.backoff = 0;
     } else {
