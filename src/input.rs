@@ -3,9 +3,10 @@
 //!
 //! Everything is read as a stream, through the reader's fixed window: regular files, pipes,
 //! `<(…)` process substitutions, devices and `/proc` files alike, and compressed data is
-//! decompressed as it is parsed, never into memory as a whole. Nothing is memory-mapped: a
-//! mapped file that another process truncates kills the reader with SIGBUS, while a read just
-//! returns less (and the reader reports a truncated pickle).
+//! decompressed as it is parsed (on a thread of its own, a few MiB ahead: `crate::read_ahead`),
+//! never into memory as a whole. Nothing is memory-mapped: a mapped file that another process
+//! truncates kills the reader with SIGBUS, while a read just returns less (and the reader
+//! reports a truncated pickle).
 //!
 //! Decompression has a work budget: a stream may expand at most [`MAX_EXPANSION`] times its
 //! compressed bytes read so far (plus [`EXPANSION_ALLOWANCE`]). Real snapshots compress 18–25×
