@@ -36,13 +36,17 @@ impl ParallelFile {
 
 impl Read for ParallelFile {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let threads = rayon::current_num_threads();
-        if buf.len() < 2 * MIN_PART || threads < 2 {
+        // A small read does not ask rayon for its threads: that would start its pool at the
+        // first read, and each of its threads reserves a malloc arena (64 MiB of address space
+        // with glibc) before a decompressor makes its dictionary, which then fails under an
+        // address-space limit that the file reads within otherwise (`ulimit -v`;
+        // `allocation_failure_is_an_error_line_not_an_abort` in tests/cli/hostile_streams.rs).
+        if buf.len() < 2 * MIN_PART || rayon::current_num_threads() < 2 {
             let n = read_full_at(&self.file, buf, self.pos)?;
             self.pos += n as u64;
             return Ok(n);
         }
-        let part = buf.len().div_ceil(threads).max(MIN_PART);
+        let part = buf.len().div_ceil(rayon::current_num_threads()).max(MIN_PART);
         let (file, pos) = (&self.file, self.pos);
         let parts: Vec<(usize, io::Result<usize>)> = buf
             .par_chunks_mut(part)
