@@ -2,8 +2,9 @@
 //!
 //! Why: the parser's thread is the one the parallel reader merges on, and every byte it waits
 //! for is time the other threads idle. A compressed input is decompressed as it is parsed
-//! (`crate::input`): gzip, zstd and xz decompressors run several times slower than the parser,
-//! and on the parser's thread their time adds to the parse instead of overlapping it.
+//! (`crate::input`), and on the parser's thread the decompressor's time adds to the parse
+//! instead of overlapping it: xz inflates the 87 MB bench file in about 0.3 s, longer than the
+//! parse takes (gzip and zstd inflate faster, and gain less; `docs/performance.md`).
 //!
 //! The reading thread reads [`BLOCK`] bytes at a time into buffers the parser hands back when it
 //! has copied them out, at most [`DEPTH`] ahead, so it holds a bounded amount of memory
@@ -21,9 +22,8 @@ use std::sync::Arc;
 /// Bytes read per block: large enough that the channel's cost per block is nothing, small
 /// enough that [`DEPTH`] blocks are a small part of the memory a read takes.
 const BLOCK: usize = 1 << 20;
-/// Blocks read ahead of the parser at most (plus the one it is copying from). Decompression
-/// runs at 50-400 MB/s, the parser faster: a few blocks keep the decompressor busy without
-/// holding more than a few MiB.
+/// Blocks read ahead of the parser at most (plus the one it is copying from): a few keep the
+/// decompressor busy while the parser works on a window, without holding more than a few MiB.
 const DEPTH: usize = 4;
 
 /// What the reading thread hands over, each with the stored count once it was read: bytes,
@@ -174,7 +174,8 @@ mod tests {
 
     fn ahead(data: &[u8], steps: &[usize], error: Option<io::ErrorKind>) -> ReadAhead {
         let stored = Arc::new(AtomicU64::new(0));
-        let inner = Dribble { data: data.to_vec(), at: 0, steps: steps.to_vec(), step: 0, error, stored: stored.clone() };
+        let inner =
+            Dribble { data: data.to_vec(), at: 0, steps: steps.to_vec(), step: 0, error, stored: stored.clone() };
         ReadAhead::spawn(Box::new(inner), stored).unwrap()
     }
 
@@ -195,7 +196,9 @@ mod tests {
     fn hands_over_every_byte_in_order_across_blocks() {
         for len in [0, 1, BLOCK - 1, BLOCK, BLOCK + 1, 3 * BLOCK + 12_345, (DEPTH + 3) * BLOCK] {
             let want = data(len);
-            for (steps, piece) in [(&[BLOCK][..], 1 << 16), (&[1, 7, 4096, 100_003][..], 977), (&[65_536][..], 3 * BLOCK)] {
+            for (steps, piece) in
+                [(&[BLOCK][..], 1 << 16), (&[1, 7, 4096, 100_003][..], 977), (&[65_536][..], 3 * BLOCK)]
+            {
                 let mut r = ahead(&want, steps, None);
                 let (got, err) = drain(&mut r, piece);
                 assert!(err.is_none(), "len {len}: {err:?}");
@@ -234,7 +237,8 @@ mod tests {
     #[test]
     fn dropping_the_reader_ends_the_thread() {
         let stored = Arc::new(AtomicU64::new(0));
-        let inner = Dribble { data: data(64 * BLOCK), at: 0, steps: vec![BLOCK], step: 0, error: None, stored: stored.clone() };
+        let inner =
+            Dribble { data: data(64 * BLOCK), at: 0, steps: vec![BLOCK], step: 0, error: None, stored: stored.clone() };
         let mut r = ReadAhead::spawn(Box::new(inner), stored.clone()).unwrap();
         r.read_exact(&mut [0; 16]).unwrap();
         drop(r);
