@@ -26,12 +26,17 @@ const BLOCK: usize = 1 << 20;
 /// decompressor busy while the parser works on a window, without holding more than a few MiB.
 const DEPTH: usize = 4;
 
-/// What the reading thread hands over, each with the stored count once it was read: bytes,
-/// the end of the input, or the error that ended it.
-enum Block {
-    Bytes { buf: Vec<u8>, stored: u64 },
-    End { stored: u64 },
-    Failed { error: io::Error, stored: u64 },
+/// What the reading thread hands over: what it read, with the stored count once it was read.
+struct Block {
+    got: Got,
+    stored: u64,
+}
+
+/// Bytes, the end of the input, or the error that ended it.
+enum Got {
+    Bytes(Vec<u8>),
+    End,
+    Failed(io::Error),
 }
 
 /// A reader that reads its input on its own thread (see the module comment). The thread ends
@@ -60,16 +65,16 @@ impl ReadAhead {
             if n > 0 {
                 buf.truncate(n);
                 // A failed send: the parser is gone (done or failed), nothing to read for.
-                if tx.send(Block::Bytes { buf, stored }).is_err() {
+                if tx.send(Block { got: Got::Bytes(buf), stored }).is_err() {
                     return;
                 }
             }
             let last = match error {
-                Some(error) => Block::Failed { error, stored },
-                None if n < BLOCK => Block::End { stored },
+                Some(error) => Got::Failed(error),
+                None if n < BLOCK => Got::End,
                 None => continue,
             };
-            let _ = tx.send(last);
+            let _ = tx.send(Block { got: last, stored });
             return;
         })?;
         Ok(ReadAhead { blocks, spare, current: Vec::new(), at: 0, done: false, stored: Arc::new(AtomicU64::new(0)) })
@@ -105,26 +110,22 @@ impl Read for ReadAhead {
             if self.done {
                 return Ok(0);
             }
-            let block = self.blocks.recv().unwrap_or_else(|_| Block::Failed {
-                error: io::Error::other("the thread reading the input stopped"),
+            let block = self.blocks.recv().unwrap_or_else(|_| Block {
+                got: Got::Failed(io::Error::other("the thread reading the input stopped")),
                 stored: self.stored.load(Ordering::Relaxed),
             });
-            match block {
-                Block::Bytes { buf, stored } => {
+            self.stored.store(block.stored, Ordering::Relaxed);
+            match block.got {
+                Got::Bytes(buf) => {
                     let used = std::mem::replace(&mut self.current, buf);
                     if used.capacity() > 0 {
                         let _ = self.spare.send(used);
                     }
                     self.at = 0;
-                    self.stored.store(stored, Ordering::Relaxed);
                 }
-                Block::End { stored } => {
+                Got::End => self.done = true,
+                Got::Failed(error) => {
                     self.done = true;
-                    self.stored.store(stored, Ordering::Relaxed);
-                }
-                Block::Failed { error, stored } => {
-                    self.done = true;
-                    self.stored.store(stored, Ordering::Relaxed);
                     return Err(error);
                 }
             }
