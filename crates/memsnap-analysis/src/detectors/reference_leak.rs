@@ -391,7 +391,8 @@ impl Detector for ReferenceLeak {
             } else {
                 iterations_went_on_without_the_line(cx, &g.eligible)
             };
-            if stopped {
+            let built_into_model = matches!(key, Key::Line(_, Origin::Construction)) && built_into_the_model(cx, g);
+            if stopped || built_into_model {
                 stopped_filling.insert(*key);
             }
         }
@@ -582,6 +583,62 @@ fn iterations_went_on_without_the_line(cx: &Context, eligible: &[usize]) -> bool
     let longest_pause = eligible.windows(2).map(|w| w[1] - w[0] - 1).max().unwrap_or(0);
     eligible.len() >= cx.thresholds.min_leak_occurrences && after >= eligible.len() && after > longest_pause
 }
+
+/// Whether the modules built at a line, build after build, were added to the model that trains
+/// on (progressive growing: a block, a layer or a head added per stage), not kept aside.
+///
+/// Mechanism: a module that is run allocates its outputs (and, with grad on, what autograd
+/// saves for it) in every forward pass it runs in, so once it is part of the model, the training
+/// passes allocate more blocks than before it was built. A copy kept aside (a list of trained
+/// models, an ensemble of snapshots, a deep copy of the best model) is not run by those passes:
+/// they allocate as many blocks after the build as before it. So: for every build with passes of
+/// the training call site (the site with the most passes) both before it and after it (up to the
+/// next build), the median count of blocks those passes allocate rises across the build, and at
+/// least [`MIN_GROWN_BUILDS`] builds show it.
+///
+/// Limit: a sweep that keeps every model it trains and builds each one deeper than the last
+/// also makes the passes after each build allocate more; it reads as growth, not as a leak.
+fn built_into_the_model(cx: &Context, g: &Group) -> bool {
+    let units = &cx.lifecycle.units;
+    let mut per_site: BTreeMap<Option<FrameId>, usize> = BTreeMap::new();
+    for u in units {
+        *per_site.entry(u.call_site).or_default() += 1;
+    }
+    let Some(site) = per_site.iter().max_by_key(|(_, n)| **n).map(|(s, _)| *s) else { return false };
+    // A build: the first allocation of the line's kept blocks after each number of passes.
+    let mut builds: BTreeMap<usize, u32> = BTreeMap::new();
+    for &bi in &g.blocks {
+        let Some(a) = cx.replay.blocks[bi].alloc_event() else { continue };
+        let passes_before = units.partition_point(|u| u.pass_span.start < a);
+        builds.entry(passes_before).and_modify(|t| *t = (*t).min(a)).or_insert(a);
+    }
+    let times: Vec<u32> = builds.into_values().collect();
+    let median_blocks = |from: u32, to: u32| -> Option<u32> {
+        let mut counts: Vec<u32> = units
+            .iter()
+            .filter(|u| u.call_site == site && from < u.pass_span.start && u.pass_span.start < to)
+            .map(|u| u.pass_blocks)
+            .collect();
+        counts.sort_unstable();
+        counts.get(counts.len() / 2).copied()
+    };
+    let mut risen = 0;
+    for (j, &t) in times.iter().enumerate() {
+        let prev = j.checked_sub(1).map_or(0, |p| times[p]);
+        let next = times.get(j + 1).copied().unwrap_or(u32::MAX);
+        match (median_blocks(prev, t), median_blocks(t, next)) {
+            (Some(before), Some(after)) if after > before => risen += 1,
+            (Some(_), Some(_)) => return false,
+            _ => {}
+        }
+    }
+    risen >= MIN_GROWN_BUILDS
+}
+
+/// Builds after which the training passes must allocate more for a line's models to read as
+/// grown into the model ([`built_into_the_model`]): one rise could be a change of batch or
+/// shapes that happened to follow a build; two, each right after a build, are the model's.
+const MIN_GROWN_BUILDS: usize = 2;
 
 /// Did the program's loop go on, without running the model from this line, for at least as many
 /// rounds as the model ran? `units`: the passes (indices into `Lifecycle::units`) the line
