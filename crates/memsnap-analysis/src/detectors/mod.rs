@@ -407,6 +407,23 @@ impl Context<'_> {
                 Holder::Unit(_) => None,
             })
             .collect();
+        // The first window (by pass start) that holds event `a`. Windows of one kind come in
+        // pass order, and where their inputs may start never goes back (the end of the first, or
+        // the second, backward before the pass), so within a kind the first window that starts
+        // after `a` is the only one that can hold it: a binary search per kind, not a scan of
+        // every window per block (an evaluation of thousands of kept passes has as many).
+        let (by_backward, by_unit): (Vec<(u32, u32, Holder)>, Vec<(u32, u32, Holder)>) =
+            windows.iter().partition(|w| matches!(w.2, Holder::Backward(_)));
+        let first_holding = |kind: &[(u32, u32, Holder)], a: u32| -> Option<(u32, Holder)> {
+            let w = kind.get(kind.partition_point(|w| w.1 <= a))?;
+            (w.0 <= a).then_some((w.1, w.2))
+        };
+        let input_window = |a: u32| -> Option<Holder> {
+            match (first_holding(&by_backward, a), first_holding(&by_unit, a)) {
+                (Some(x), Some(y)) => Some(if x.0 <= y.0 { x.1 } else { y.1 }),
+                (x, y) => x.or(y).map(|w| w.1),
+            }
+        };
         // (iteration, size) of the inputs, with their graph's backward
         let mut inputs: std::collections::BTreeMap<(usize, u64), Holder> = Default::default();
         for (bi, b) in bs.iter().enumerate() {
@@ -426,7 +443,7 @@ impl Context<'_> {
                     .backward_index_at(a)
                     .filter(|k| retaining.contains(k))
                     .map(|k| Holder::Backward(k as u32));
-            } else if let Some(&(_, _, holder)) = windows.iter().find(|&&(since, start, _)| since <= a && a < start) {
+            } else if let Some(holder) = input_window(a) {
                 // Optimizer state made by the step between the two passes is no input; nor, for
                 // a pass held by a reference, is a block of a pass no backward ran through (it
                 // counts with its own pass).
