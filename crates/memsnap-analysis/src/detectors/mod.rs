@@ -381,7 +381,8 @@ impl Context<'_> {
             k.checked_sub(back).map_or(0, |k| self.phases.backwards[k].span.end)
         };
         // (where its inputs may start, the pass start, the holder)
-        let windows: Vec<(u32, u32, Holder)> = lc
+        type Window = (u32, u32, Holder);
+        let windows: Vec<Window> = lc
             .units
             .iter()
             .enumerate()
@@ -412,9 +413,9 @@ impl Context<'_> {
         // the second, backward before the pass), so within a kind the first window that starts
         // after `a` is the only one that can hold it: a binary search per kind, not a scan of
         // every window per block (an evaluation of thousands of kept passes has as many).
-        let (by_backward, by_unit): (Vec<(u32, u32, Holder)>, Vec<(u32, u32, Holder)>) =
+        let (by_backward, by_unit): (Vec<Window>, Vec<Window>) =
             windows.iter().partition(|w| matches!(w.2, Holder::Backward(_)));
-        let first_holding = |kind: &[(u32, u32, Holder)], a: u32| -> Option<(u32, Holder)> {
+        let first_holding = |kind: &[Window], a: u32| -> Option<(u32, Holder)> {
             let w = kind.get(kind.partition_point(|w| w.1 <= a))?;
             (w.0 <= a).then_some((w.1, w.2))
         };
