@@ -584,20 +584,25 @@ fn iterations_went_on_without_the_line(cx: &Context, eligible: &[usize]) -> bool
     eligible.len() >= cx.thresholds.min_leak_occurrences && after >= eligible.len() && after > longest_pause
 }
 
-/// Whether the modules built at a line, build after build, were added to the model that trains
-/// on (progressive growing: a block, a layer or a head added per stage), not kept aside.
+/// Whether the modules built at a line, build after build, were added to what the program runs
+/// (progressive growing: a block or a layer added per stage; continual learning: a head added
+/// per task and evaluated ever after), not kept aside.
 ///
 /// Mechanism: a module that is run allocates its outputs (and, with grad on, what autograd
-/// saves for it) in every forward pass it runs in, so once it is part of the model, the training
-/// passes allocate more blocks than before it was built. A copy kept aside (a list of trained
-/// models, an ensemble of snapshots, a deep copy of the best model) is not run by those passes:
-/// they allocate as many blocks after the build as before it. So: for every build with passes of
-/// the training call site (the site with the most passes) both before it and after it (up to the
-/// next build), the median count of blocks those passes allocate rises across the build, and at
-/// least [`MIN_GROWN_BUILDS`] builds show it.
+/// saves for it) in every forward pass it runs in, and a model called once per module (a head
+/// per task) runs one more pass for each. So once the built modules are in use, what the program
+/// repeats allocates more after each build than before it: the training passes allocate more
+/// blocks (the model grew deeper or wider), or each evaluation runs more passes (every head or
+/// member so far is evaluated). A copy kept aside (a list of trained models, snapshots kept for
+/// an ensemble that is never run, a deep copy of the best model) is run by neither: both stay as
+/// they were. Measured per stretch between two builds: the median count of blocks the passes
+/// of the training call site (the site with the most passes) allocate, and the median count of
+/// passes of the evaluation windows. One of the two must rise across every build that has a
+/// stretch measured on both sides, and across at least [`MIN_GROWN_BUILDS`] builds.
 ///
-/// Limit: a sweep that keeps every model it trains and builds each one deeper than the last
-/// also makes the passes after each build allocate more; it reads as growth, not as a leak.
+/// Limits: a sweep that keeps every model it trains and builds each one deeper than the last
+/// also makes the passes after each build allocate more; so does an evaluation whose number of
+/// batches grows with time for another reason. Both read as growth, not as a leak.
 fn built_into_the_model(cx: &Context, g: &Group) -> bool {
     let units = &cx.lifecycle.units;
     let mut per_site: BTreeMap<Option<FrameId>, usize> = BTreeMap::new();
@@ -613,20 +618,41 @@ fn built_into_the_model(cx: &Context, g: &Group) -> bool {
         builds.entry(passes_before).and_modify(|t| *t = (*t).min(a)).or_insert(a);
     }
     let times: Vec<u32> = builds.into_values().collect();
-    let median_blocks = |from: u32, to: u32| -> Option<u32> {
-        let mut counts: Vec<u32> = units
-            .iter()
-            .filter(|u| u.call_site == site && from < u.pass_span.start && u.pass_span.start < to)
-            .map(|u| u.pass_blocks)
-            .collect();
+    let median = |mut counts: Vec<u32>| -> Option<u32> {
         counts.sort_unstable();
         counts.get(counts.len() / 2).copied()
     };
+    let training_blocks = |from: u32, to: u32| -> Option<u32> {
+        median(
+            units
+                .iter()
+                .filter(|u| u.call_site == site && from < u.pass_span.start && u.pass_span.start < to)
+                .map(|u| u.pass_blocks)
+                .collect(),
+        )
+    };
+    let evaluation_passes = |from: u32, to: u32| -> Option<u32> {
+        median(
+            cx.phases
+                .eval_windows
+                .iter()
+                .filter(|w| from < w.start && w.start < to)
+                .map(|w| units.iter().filter(|u| w.contains(u.pass_span.start)).count() as u32)
+                .collect(),
+        )
+    };
+    rises_with_every_build(&times, training_blocks) || rises_with_every_build(&times, evaluation_passes)
+}
+
+/// Whether `measure` over the stretch after each build (up to the next one) is above its value
+/// over the stretch before it (from the build before), for every build with both stretches
+/// measured, and for at least [`MIN_GROWN_BUILDS`] of them.
+fn rises_with_every_build(times: &[u32], measure: impl Fn(u32, u32) -> Option<u32>) -> bool {
     let mut risen = 0;
     for (j, &t) in times.iter().enumerate() {
         let prev = j.checked_sub(1).map_or(0, |p| times[p]);
         let next = times.get(j + 1).copied().unwrap_or(u32::MAX);
-        match (median_blocks(prev, t), median_blocks(t, next)) {
+        match (measure(prev, t), measure(t, next)) {
             (Some(before), Some(after)) if after > before => risen += 1,
             (Some(_), Some(_)) => return false,
             _ => {}
@@ -635,9 +661,9 @@ fn built_into_the_model(cx: &Context, g: &Group) -> bool {
     risen >= MIN_GROWN_BUILDS
 }
 
-/// Builds after which the training passes must allocate more for a line's models to read as
-/// grown into the model ([`built_into_the_model`]): one rise could be a change of batch or
-/// shapes that happened to follow a build; two, each right after a build, are the model's.
+/// Builds after which what the program repeats must allocate more for a line's models to read
+/// as in use ([`built_into_the_model`]): one rise could be a change of batch or shapes that
+/// happened to follow a build; two, each right after a build, are the models'.
 const MIN_GROWN_BUILDS: usize = 2;
 
 /// Did the program's loop go on, without running the model from this line, for at least as many
