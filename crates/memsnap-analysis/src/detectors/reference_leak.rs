@@ -622,22 +622,28 @@ fn built_into_the_model(cx: &Context, g: &Group) -> bool {
         counts.sort_unstable();
         counts.get(counts.len() / 2).copied()
     };
+    // Units and evaluation windows are in start order: each stretch is found by binary search,
+    // so the measures cost the stretches' lengths, not a scan of every pass per build.
+    let passes_starting = |from: u32, to: u32| -> &[crate::lifecycle::Unit] {
+        let lo = units.partition_point(|u| u.pass_span.start <= from);
+        let hi = units.partition_point(|u| u.pass_span.start < to);
+        &units[lo..hi.max(lo)]
+    };
     let training_blocks = |from: u32, to: u32| -> Option<u32> {
-        median(
-            units
-                .iter()
-                .filter(|u| u.call_site == site && from < u.pass_span.start && u.pass_span.start < to)
-                .map(|u| u.pass_blocks)
-                .collect(),
-        )
+        median(passes_starting(from, to).iter().filter(|u| u.call_site == site).map(|u| u.pass_blocks).collect())
     };
     let evaluation_passes = |from: u32, to: u32| -> Option<u32> {
+        let windows = &cx.phases.eval_windows;
+        let lo = windows.partition_point(|w| w.start <= from);
+        let hi = windows.partition_point(|w| w.start < to);
         median(
-            cx.phases
-                .eval_windows
+            windows[lo..hi.max(lo)]
                 .iter()
-                .filter(|w| from < w.start && w.start < to)
-                .map(|w| units.iter().filter(|u| w.contains(u.pass_span.start)).count() as u32)
+                .map(|w| {
+                    let first = units.partition_point(|u| u.pass_span.start < w.start);
+                    let end = units.partition_point(|u| u.pass_span.start < w.end);
+                    end.saturating_sub(first) as u32
+                })
                 .collect(),
         )
     };
