@@ -359,8 +359,8 @@ impl Context<'_> {
     /// can be older than the backward before it, since a step's batch is often fed to the
     /// training pass and then again to such a pass after the step (b01: prototypes computed from
     /// the step's clean images). So for it the inputs are the user's blocks made since the end
-    /// of the backward before the one before it, from lines whose kept blocks come back with
-    /// `min_leak_occurrences` or more such passes (an input is made for every pass; the last
+    /// of the backward before the one before it, from allocation stacks whose kept blocks come
+    /// back with `min_leak_occurrences` or more such passes (an input is made for every pass; the last
     /// step's batch and outputs, alive at the dump because the loop ended there, are not).
     ///
     /// One-off blocks whose stack and size never recur (a cuBLAS workspace made the first time an
@@ -487,8 +487,8 @@ impl Context<'_> {
             }
         }
         // An input of a pass held by a reference comes back with every such pass (the batch its
-        // line makes each step); a line whose kept block sits before fewer of those passes than
-        // a leak repeats made something else (the last step's batch and outputs, alive at the
+        // line makes each step); an allocation stack whose kept blocks sit before fewer of those
+        // passes than a leak repeats made something else (the last step's batch and outputs, alive at the
         // dump because the loop ended there), not the graph's input.
         let mut passes_per_stack: rustc_hash::FxHashMap<StackId, BTreeSet<u32>> = Default::default();
         for (bi, holder) in out.iter().enumerate() {
