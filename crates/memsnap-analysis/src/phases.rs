@@ -398,7 +398,7 @@ fn backward_frees_pass(events: &[TraceEvent], pass: Span, backward: Span) -> boo
 }
 
 /// The most frequent value (ties to the one seen first), ignoring `None`.
-fn most_frequent(items: impl Iterator<Item = Option<FrameId>>) -> Option<Option<FrameId>> {
+pub(crate) fn most_frequent(items: impl Iterator<Item = Option<FrameId>>) -> Option<Option<FrameId>> {
     let mut counts: Vec<(FrameId, u32, usize)> = Vec::new();
     for (order, it) in items.enumerate() {
         let Some(f) = it else { continue };

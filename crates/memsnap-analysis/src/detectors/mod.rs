@@ -56,18 +56,7 @@ pub struct Context<'a> {
     /// [`Context::kept_backward_groups`], computed on first use.
     pub kept_backward: std::sync::OnceLock<Vec<BackwardGroup>>,
     /// [`Context::held_by_retained_graph`], computed on first use.
-    pub retained_held: std::sync::OnceLock<Vec<Option<Holder>>>,
-}
-
-/// The held graph a block belongs to without having been allocated in its pass
-/// ([`Context::held_by_retained_graph`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Holder {
-    /// The graphs a retaining backward (index into `Phases::backwards`) kept.
-    Backward(u32),
-    /// The graph of this unit (index into `Lifecycle::units`): grad on, no backward ran through
-    /// it, and a reference keeps it.
-    Unit(u32),
+    pub retained_held: std::sync::OnceLock<Vec<Option<u32>>>,
 }
 
 /// A detector: reads a [`Context`], returns findings.
@@ -137,6 +126,12 @@ pub struct Measured {
 /// How many of `eligible` (ascending) lie strictly between occurrences `a` and `b`.
 pub fn occurrences_between(eligible: &[usize], a: usize, b: usize) -> usize {
     eligible.partition_point(|&e| e < b).saturating_sub(eligible.partition_point(|&e| e <= a))
+}
+
+/// The upper median of `v` (sorted in place); the type's default when `v` is empty.
+pub(super) fn median<T: Copy + Ord + Default>(v: &mut [T]) -> T {
+    v.sort_unstable();
+    v.get(v.len() / 2).copied().unwrap_or_default()
 }
 
 /// Measure a set of blocks against the device's series.
@@ -353,47 +348,28 @@ impl Context<'_> {
     ///   gradient penalty): a later backward accumulates it into `x.grad`, of exactly `x`'s size,
     ///   and it lives as long as `x` does.
     ///
-    /// A pass that ran with grad on, through which no backward ran, and whose graph a reference
-    /// keeps ([`Lifecycle::graph_held`]: a monitoring forward whose result is stored, an
-    /// evaluation without `no_grad` whose outputs are kept) keeps its inputs the same way; those
-    /// can be older than the backward before it, since a step's batch is often fed to the
-    /// training pass and then again to such a pass after the step (b01: prototypes computed from
-    /// the step's clean images). So for it the inputs are the user's blocks made since the end
-    /// of the backward before the one before it, from allocation stacks whose kept blocks come
-    /// back with `min_leak_occurrences` or more such passes (an input is made for every pass; the last
-    /// step's batch and outputs, alive at the dump because the loop ended there, are not).
-    ///
     /// One-off blocks whose stack and size never recur (a cuBLAS workspace made the first time an
     /// operation runs) are none of these, as in the lifecycle. None of them is a separate
     /// reference: they are the graph's, reported as
     /// `retained_graph`, not as a `reference_leak` or kept gradients.
-    pub fn held_by_retained_graph(&self) -> &[Option<Holder>] {
+    pub fn held_by_retained_graph(&self) -> &[Option<u32>] {
         self.retained_held.get_or_init(|| self.find_retained_held())
     }
 
-    fn find_retained_held(&self) -> Vec<Option<Holder>> {
+    fn find_retained_held(&self) -> Vec<Option<u32>> {
         let lc = self.lifecycle;
         let bs = &self.replay.blocks;
         let mut out = vec![None; bs.len()];
-        // The end of the `back`-th backward before event `at` (the start of the trace if none).
-        let backward_end_before = |at: u32, back: usize| -> u32 {
-            let k = self.phases.backwards.partition_point(|b| b.span.end <= at);
-            k.checked_sub(back).map_or(0, |k| self.phases.backwards[k].span.end)
-        };
-        // (where its inputs may start, the pass start, the holder)
-        type Window = (u32, u32, Holder);
-        let windows: Vec<Window> = lc
+        // (the end of the backward before the pass, the pass start, the retaining backward)
+        let windows: Vec<(u32, u32, usize)> = lc
             .units
             .iter()
             .enumerate()
             .filter_map(|(u, unit)| match unit.fate {
-                crate::lifecycle::UnitFate::RetainedByBackward { backward } if lc.graph_held(u) => Some((
-                    backward_end_before(unit.pass_span.start, 1),
-                    unit.pass_span.start,
-                    Holder::Backward(backward as u32),
-                )),
-                crate::lifecycle::UnitFate::Unconsumed if unit.grad_on && lc.graph_held(u) => {
-                    Some((backward_end_before(unit.pass_span.start, 2), unit.pass_span.start, Holder::Unit(u as u32)))
+                crate::lifecycle::UnitFate::RetainedByBackward { backward } if lc.graph_held(u) => {
+                    let k = self.phases.backwards.partition_point(|b| b.span.end <= unit.pass_span.start);
+                    let since = k.checked_sub(1).map_or(0, |k| self.phases.backwards[k].span.end);
+                    Some((since, unit.pass_span.start, backward))
                 }
                 _ => None,
             })
@@ -401,32 +377,18 @@ impl Context<'_> {
         if windows.is_empty() {
             return out;
         }
-        let retaining: BTreeSet<usize> = windows
-            .iter()
-            .filter_map(|w| match w.2 {
-                Holder::Backward(k) => Some(k as usize),
-                Holder::Unit(_) => None,
-            })
-            .collect();
-        // The first window (by pass start) that holds event `a`. Windows of one kind come in
-        // pass order, and where their inputs may start never goes back (the end of the first, or
-        // the second, backward before the pass), so within a kind the first window that starts
-        // after `a` is the only one that can hold it: a binary search per kind, not a scan of
-        // every window per block (an evaluation of thousands of kept passes has as many).
-        let (by_backward, by_unit): (Vec<Window>, Vec<Window>) =
-            windows.iter().partition(|w| matches!(w.2, Holder::Backward(_)));
-        let first_holding = |kind: &[Window], a: u32| -> Option<(u32, Holder)> {
-            let w = kind.get(kind.partition_point(|w| w.1 <= a))?;
-            (w.0 <= a).then_some((w.1, w.2))
-        };
-        let input_window = |a: u32| -> Option<Holder> {
-            match (first_holding(&by_backward, a), first_holding(&by_unit, a)) {
-                (Some(x), Some(y)) => Some(if x.0 <= y.0 { x.1 } else { y.1 }),
-                (x, y) => x.or(y).map(|w| w.1),
-            }
+        let retaining: BTreeSet<usize> = windows.iter().map(|w| w.2).collect();
+        // The first window (by pass start) that holds event `a`. Windows come in pass order and
+        // where their inputs may start (the end of the backward before the pass) never goes
+        // back, so the first window that starts after `a` is the only one that can hold it: a
+        // binary search, not a scan of every window per block (a program that retains the
+        // graphs of thousands of passes has as many windows).
+        let input_window = |a: u32| -> Option<usize> {
+            let w = windows.get(windows.partition_point(|w| w.1 <= a))?;
+            (w.0 <= a).then_some(w.2)
         };
         // (iteration, size) of the inputs, with their graph's backward
-        let mut inputs: std::collections::BTreeMap<(usize, u64), Holder> = Default::default();
+        let mut inputs: std::collections::BTreeMap<(usize, u64), u32> = Default::default();
         for (bi, b) in bs.iter().enumerate() {
             let Some(a) = b.alloc_event().filter(|_| b.freed_at().is_none()) else { continue };
             // A library's workspace made the first time an operation ran (cuBLAS), not a
@@ -439,27 +401,16 @@ impl Context<'_> {
                 if self.param_sizes.contains(&b.size) {
                     continue;
                 }
-                out[bi] = self
-                    .phases
-                    .backward_index_at(a)
-                    .filter(|k| retaining.contains(k))
-                    .map(|k| Holder::Backward(k as u32));
-            } else if let Some(holder) = input_window(a) {
-                // Optimizer state made by the step between the two passes is no input; nor, for
-                // a pass held by a reference, is a block of a pass no backward ran through (it
-                // counts with its own pass).
+                out[bi] = self.phases.backward_index_at(a).filter(|k| retaining.contains(k)).map(|k| k as u32);
+            } else if let Some(bw) = input_window(a) {
+                // Optimizer state made by the step between the two passes is no input.
                 let info = self.stacks.get(self.events[a as usize].stack);
                 if info.optimizer || info.construction || info.recompute {
                     continue;
                 }
-                if let (Holder::Unit(_), Some(own)) = (holder, lc.unit_of(bi)) {
-                    if lc.units[own].fate == crate::lifecycle::UnitFate::Unconsumed {
-                        continue;
-                    }
-                }
-                out[bi] = Some(holder);
-                if let (Some(it), Holder::Backward(_)) = (self.iteration_of(b), holder) {
-                    inputs.insert((it, b.size), holder);
+                out[bi] = Some(bw as u32);
+                if let Some(it) = self.iteration_of(b) {
+                    inputs.insert((it, b.size), bw as u32);
                 }
             }
         }
@@ -484,25 +435,6 @@ impl Context<'_> {
                 && matches!(self.attr(b), Attr::Backward(_))
             {
                 out[bi] = self.iteration_of(b).and_then(|it| inputs.get(&(it, b.size)).copied());
-            }
-        }
-        // An input of a pass held by a reference comes back with every such pass (the batch its
-        // line makes each step); an allocation stack whose kept blocks sit before fewer of those
-        // passes than a leak repeats made something else (the last step's batch and outputs, alive at the
-        // dump because the loop ended there), not the graph's input.
-        let mut passes_per_stack: rustc_hash::FxHashMap<StackId, BTreeSet<u32>> = Default::default();
-        for (bi, holder) in out.iter().enumerate() {
-            if let Some(Holder::Unit(u)) = holder {
-                passes_per_stack.entry(self.event_stack(&bs[bi])).or_default().insert(*u);
-            }
-        }
-        for (bi, holder) in out.iter_mut().enumerate() {
-            if matches!(holder, Some(Holder::Unit(_)))
-                && passes_per_stack
-                    .get(&self.event_stack(&bs[bi]))
-                    .is_none_or(|units| units.len() < self.thresholds.min_leak_occurrences)
-            {
-                *holder = None;
             }
         }
         out

@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use memsnap_model::{FrameId, StackId};
 
-use super::{Context, Detector, Finding};
+use super::{median, Context, Detector, Finding};
 use crate::evidence::{Evidence, Occurrence, Severity, SuspectKind};
 use crate::lifecycle::{BlockFate, UnitFate};
 
@@ -38,11 +38,6 @@ struct Group {
     survived: Vec<u32>,
     pass_blocks: Vec<u32>,
     largest: (u64, StackId),
-}
-
-fn median<T: Copy + Ord + Default>(v: &mut [T]) -> T {
-    v.sort_unstable();
-    v.get(v.len() / 2).copied().unwrap_or_default()
 }
 
 /// Where the evaluation's own code calls into code it shares with training: the innermost user

@@ -596,20 +596,17 @@ fn iterations_went_on_without_the_line(cx: &Context, eligible: &[usize]) -> bool
 /// member so far is evaluated). A copy kept aside (a list of trained models, snapshots kept for
 /// an ensemble that is never run, a deep copy of the best model) is run by neither: both stay as
 /// they were. Measured per stretch between two builds: the median count of blocks the passes
-/// of the training call site (the site with the most passes) allocate, and the median count of
-/// passes of the evaluation windows. One of the two must rise across every build that has a
-/// stretch measured on both sides, and across at least [`MIN_GROWN_BUILDS`] builds.
+/// of the training call site (the site with the most passes, ties to the first seen) allocate,
+/// and the median count of passes of the evaluation windows. One of the two must rise across
+/// every build that has a stretch measured on both sides, and across at least
+/// [`MIN_GROWN_BUILDS`] builds.
 ///
 /// Limits: a sweep that keeps every model it trains and builds each one deeper than the last
 /// also makes the passes after each build allocate more; so does an evaluation whose number of
 /// batches grows with time for another reason. Both read as growth, not as a leak.
 fn built_into_the_model(cx: &Context, g: &Group) -> bool {
     let units = &cx.lifecycle.units;
-    let mut per_site: BTreeMap<Option<FrameId>, usize> = BTreeMap::new();
-    for u in units {
-        *per_site.entry(u.call_site).or_default() += 1;
-    }
-    let Some(site) = per_site.iter().max_by_key(|(_, n)| **n).map(|(s, _)| *s) else { return false };
+    let Some(site) = crate::phases::most_frequent(units.iter().map(|u| u.call_site)) else { return false };
     // A build: the first allocation of the line's kept blocks after each number of passes.
     let mut builds: BTreeMap<usize, u32> = BTreeMap::new();
     for &bi in &g.blocks {
@@ -618,10 +615,7 @@ fn built_into_the_model(cx: &Context, g: &Group) -> bool {
         builds.entry(passes_before).and_modify(|t| *t = (*t).min(a)).or_insert(a);
     }
     let times: Vec<u32> = builds.into_values().collect();
-    let median = |mut counts: Vec<u32>| -> Option<u32> {
-        counts.sort_unstable();
-        counts.get(counts.len() / 2).copied()
-    };
+    let median = |mut counts: Vec<u32>| (!counts.is_empty()).then(|| super::median(&mut counts));
     // Units and evaluation windows are in start order: each stretch is found by binary search,
     // so the measures cost the stretches' lengths, not a scan of every pass per build.
     let passes_starting = |from: u32, to: u32| -> &[crate::lifecycle::Unit] {

@@ -27,7 +27,7 @@ use std::collections::BTreeMap;
 
 use memsnap_model::{FrameId, StackId};
 
-use super::{Context, Detector, Finding, Holder};
+use super::{Context, Detector, Finding};
 use crate::evidence::{Evidence, GraphHold, Occurrence, Severity, SuspectKind};
 use crate::lifecycle::{BlockFate, UnitFate};
 
@@ -131,28 +131,16 @@ impl Detector for RetainedGraph {
         // (`Context::held_by_retained_graph`).
         let claimed: std::collections::BTreeSet<usize> =
             groups.values().flat_map(|g| g.blocks.iter().copied()).collect();
-        for (bi, holder) in cx.held_by_retained_graph().iter().enumerate() {
-            let key = match holder {
-                Some(Holder::Backward(bw)) => Key::Backward(cx.phases.backwards[*bw as usize].line),
-                Some(Holder::Unit(u)) => Key::Kept(lc.units[*u as usize].call_site),
-                None => continue,
-            };
-            let Some(g) = groups.get_mut(&key) else { continue };
+        for (bi, bw) in cx.held_by_retained_graph().iter().enumerate() {
+            let Some(bw) = bw else { continue };
+            let Some(g) = groups.get_mut(&Key::Backward(cx.phases.backwards[*bw as usize].line)) else { continue };
             if claimed.contains(&bi) {
                 continue;
             }
             let b = &cx.replay.blocks[bi];
             g.blocks.push(bi);
-            // Occurrences are iterations for a retaining backward's graphs, passes otherwise.
-            match holder {
-                Some(Holder::Unit(u)) => {
-                    g.kept_occurrences.insert(*u as usize);
-                }
-                _ => {
-                    if let Some(it) = cx.iteration_of(b) {
-                        g.kept_occurrences.insert(it);
-                    }
-                }
+            if let Some(it) = cx.iteration_of(b) {
+                g.kept_occurrences.insert(it);
             }
         }
         let mut out = Vec::new();
