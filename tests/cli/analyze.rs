@@ -760,6 +760,40 @@ fn a_cache_that_stopped_missing_while_the_loop_went_on_is_not_a_leak() {
     assert!(of_kind(&out, "reference_leak").is_empty(), "{}", describe(&out));
 }
 
+/// An LRU cache of spectrograms that fills in four steps and then evicts one for every miss
+/// (l06, real run: 8-13 new entries a step into a capacity of 48, kept from 9 of 10 steps):
+/// its tensors alive stop rising while it goes on making them, so it is full, not leaking. The
+/// near miss (e01, real run): one `generate` call keeps every step's scores while its KV cache
+/// is re-made and let go each step; the scores alive rise at every step, so it stays a leak.
+#[test]
+fn an_lru_cache_at_its_capacity_is_not_a_leak_and_scores_kept_beside_a_kv_cache_are() {
+    let out = analyze(&fixture_with_prefix("extra21", "l06_"));
+    assert!(of_kind(&out, "reference_leak").is_empty(), "{}", describe(&out));
+    let path = fixture_with_prefix("extra18", "e01_");
+    let script = format!("{}.py", stem(&path));
+    let out = analyze(&path);
+    let leaks = of_kind(&out, "reference_leak");
+    assert!(leaks.len() == 1 && at(leaks[0], &script, 43), "{}", describe(&out));
+}
+
+/// GradNorm (j07, real run): `backward(retain_graph=True)`, then three `autograd.grad` calls
+/// through the same graph; the step's task-loss vector goes to a history list, which keeps every
+/// graph. Keeping the graph was needed for the second differentiation, so the suspect names the
+/// kept value (`task_losses`, l.81), not the backward; and the `autograd.grad` calls, the most
+/// frequent backward line, are one step with it, not three more iterations: the growth per
+/// iteration is the live process's (`memory_allocated()` rose by 42,522,112 bytes a step).
+#[test]
+fn a_graph_differentiated_twice_and_kept_by_a_list_is_named_at_the_kept_value() {
+    let path = fixture_with_prefix("extra20", "j07_");
+    let script = format!("{}.py", stem(&path));
+    let out = analyze(&path);
+    let s = suspects(&out);
+    assert_eq!(s.len(), 1, "{}", describe(&out));
+    assert!(at(&s[0], &script, 81), "{}", describe(&out));
+    assert_eq!(s[0]["facts"]["hold"], "retained_then_kept", "{}", describe(&out));
+    assert_eq!(s[0]["growth_bytes_per_iteration"], 42_522_112u64, "{}", describe(&out));
+}
+
 /// Recording stopped before the dump (`_record_memory_history(enabled=None)`, q18, real run)
 /// leaves an empty trace: the dump's blocks still name the lines that made them, so the kept
 /// logits are found from the state, and no peak can be established: null in JSON, "not

@@ -112,6 +112,10 @@ pub enum GraphHold {
     /// The backward that ran right after the pass freed none of its saved tensors:
     /// `backward(retain_graph=True)`.
     RetainedByBackward,
+    /// Retained by the backward that ran right after the pass and differentiated again by a
+    /// later backward before any other pass ran (`retain_graph=True` was needed: GradNorm's
+    /// `autograd.grad` calls), yet still alive afterwards: a reference keeps it.
+    RetainedThenKept,
     /// No backward ran through it (evaluation with grad on) and a Python reference keeps it.
     KeptReference,
     /// Graphs kept for a backward that had not run yet when the trace ended (at an OOM, or with

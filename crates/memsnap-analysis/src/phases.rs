@@ -265,7 +265,12 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
         let starts: Vec<u32> = phases.backwards.iter().filter(|b| b.line == line).map(|b| b.span.start).collect();
         if starts.len() >= 2 {
             // An iteration starts with the forward pass that feeds its backward: move each
-            // boundary back to the first forward pass after the previous backward.
+            // boundary back to the first forward pass after the previous backward. A backward
+            // with no forward pass since the previous one goes through a graph already
+            // differentiated (`retain_graph=True` and a second backward or `autograd.grad`
+            // over it: GradNorm's per-task gradient norms, j07): the same step, not a new
+            // iteration, in a program whose backward passes are fed by forward passes at all.
+            let fed = phases.forwards.iter().any(|f| f.trained);
             let mut bounds = Vec::with_capacity(starts.len());
             let mut prev_end = 0u32;
             for &s in &starts {
@@ -273,8 +278,12 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
                     .forwards
                     .iter()
                     .find(|f| f.trained && f.span.start >= prev_end && f.span.start < s)
-                    .map_or(s, |f| f.span.start);
-                bounds.push(first_fwd);
+                    .map(|f| f.span.start);
+                match first_fwd {
+                    Some(f) => bounds.push(f),
+                    None if !fed || bounds.is_empty() => bounds.push(s),
+                    None => {}
+                }
                 prev_end = phases.backward_at(s).map_or(s + 1, |b| b.span.end);
             }
             bounds.dedup();

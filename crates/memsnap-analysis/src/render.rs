@@ -68,6 +68,20 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
                     held,
                     lines
                 ),
+                GraphHold::RetainedThenKept => format!(
+                    "The backward pass at {} ran right after {} (called at {}) and kept {} (`retain_graph=True`, or `create_graph=True`), and another backward went through the same {} before any other pass ran, so that was needed; yet {} ({}{}) {} still alive after the step, so a reference keeps {}{}.",
+                    site(backward_line),
+                    if n == 1 { forward_passes(*graphs) } else { format!("each of {}", forward_passes(*graphs)) },
+                    site(forward_call),
+                    agree(n, "its graph", "their graphs"),
+                    agree(n, "graph", "graphs"),
+                    agree(n, "its graph", "their graphs"),
+                    held,
+                    lines,
+                    agree(n, "was", "were"),
+                    agree(n, "it", "them"),
+                    root.as_ref().map_or(String::new(), |r| format!(", rooted at the value made at {}", r.short()))
+                ),
                 GraphHold::KeptReference => format!(
                     "{} called at {} ran with grad enabled and no backward; {} ({}{}) {} still alive two passes later, so a reference keeps {}{}.",
                     forward_passes(*graphs),
@@ -289,6 +303,7 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
 pub fn advice(s: &Suspect) -> String {
     match &s.facts {
         Evidence::RetainedGraph { hold: GraphHold::RetainedByBackward, .. } => "Drop `retain_graph=True` unless a second backward through the same graph follows; if the loss or outputs are also stored, store `loss.item()` / `out.detach()`. To carry state across steps (RNN hidden state), `detach()` it at each step.".into(),
+        Evidence::RetainedGraph { hold: GraphHold::RetainedThenKept, .. } => "Keeping the graph is needed here (a second backward goes through it), but it must go once the step's last backward ran: store what you log or reuse without its history (`losses.append(loss.detach())`, `loss.item()`), or `del` the tensors that hold it before the next step.".into(),
         Evidence::RetainedGraph { hold: GraphHold::KeptReference, .. } => "Keep numbers, not tensors with history: `losses.append(loss.item())`, `total += loss.item()`, `outs.append(out.detach().cpu())`; and run evaluation under `torch.no_grad()` so no graph is built.".into(),
         Evidence::RetainedGraph { hold: GraphHold::SkippedBackward, .. } => "Let go of a skipped step's tensors: keep `str(e)` or `e.with_traceback(None)`, not the caught exception (its traceback holds the frames whose locals hold the loss and outputs), and `del` or `.item()` the loss and outputs before skipping; `no_grad` is not the fix, this code path trains.".into(),
         Evidence::RetainedGraph { hold: GraphHold::AwaitingBackward, .. } => "Each kept loss holds its whole graph until the backward runs: call `backward()` per micro-batch (gradients accumulate in `.grad`) instead of collecting losses, or run fewer micro-batches per step.".into(),

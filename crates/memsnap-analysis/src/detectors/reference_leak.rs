@@ -62,6 +62,8 @@ struct Group {
     /// A block of the site that was not kept lived on past the end of the occurrence after its
     /// own, then was let go: something held it and then evicted it (a bounded cache, a queue).
     evicted: bool,
+    /// Those blocks (see [`at_capacity`]).
+    evicted_blocks: Vec<usize>,
 }
 
 /// Push `x` unless it is the last element already.
@@ -115,6 +117,9 @@ impl Groups {
         push_new(&mut g.eligible, occ);
         g.pass_occurrences = pass;
         g.evicted |= evicted;
+        if evicted {
+            g.evicted_blocks.push(bi);
+        }
         if kept {
             push_new(&mut g.kept, occ);
             g.blocks.push(bi);
@@ -136,6 +141,7 @@ impl Groups {
             }
             g.pass_occurrences = l.pass_occurrences;
             g.evicted |= l.evicted;
+            g.evicted_blocks.extend(l.evicted_blocks);
         }
         self
     }
@@ -378,8 +384,8 @@ impl Detector for ReferenceLeak {
         };
         // Unless the line stopped making what it keeps while the loop went on for as long again:
         // a fill that stopped (a cache keyed by the input once every key was met, a dataset
-        // cached on the GPU at its first read), bounded by the keys. Asked only of groups that
-        // would grow (few).
+        // cached on the GPU at its first read), bounded by the keys; or what it keeps is a cache
+        // full to its capacity (`at_capacity`). Asked only of groups that would grow (few).
         let mut stopped_filling: BTreeSet<Key> = BTreeSet::new();
         for (key, g) in groups.iter().filter(|(key, g)| grows_anyhow(key, g)) {
             let line = match key {
@@ -392,7 +398,8 @@ impl Detector for ReferenceLeak {
                 iterations_went_on_without_the_line(cx, &g.eligible)
             };
             let built_into_model = matches!(key, Key::Line(_, Origin::Construction)) && built_into_the_model(cx, g);
-            if stopped || built_into_model {
+            let full = g.evicted && at_capacity(cx, g, |k| occurrence_start(k, g.pass_occurrences));
+            if stopped || built_into_model || full {
                 stopped_filling.insert(*key);
             }
         }
@@ -659,6 +666,35 @@ fn rises_with_every_build(times: &[u32], measure: impl Fn(u32, u32) -> Option<u3
         }
     }
     risen >= MIN_GROWN_BUILDS
+}
+
+/// Whether a line that lets some of its long-lived tensors go (an evicting cache) held no fewer
+/// of them at the start of an occurrence than at the start of its last kept occurrence, at least
+/// `min_leak_occurrences` kept occurrences later: a cache full to its capacity, not a leak.
+///
+/// Mechanism: a cache bounded by its number of entries (an LRU that `popitem`s the oldest, a
+/// queue with a `maxlen`) keeps a new tensor and lets an old one go for every entry once it is
+/// full, so its tensors alive stop rising while it goes on making them; each occurrence still
+/// keeps a few (l06: 8-13 new spectrograms per step into an LRU of 48, kept from 9 of 10 steps),
+/// which the share of kept occurrences alone reads as a leak. A leak lets nothing go, or lets go
+/// less than it keeps (a dict whose new keys outnumber the ones replaced): its count rises with
+/// every occurrence that keeps. Both counts are taken at an occurrence's start, where the
+/// line's short-lived tensors that live into the next occurrences (a decoding step's KV cache,
+/// re-made each pass and freed two passes later: e01) are alive in like numbers; the end of the
+/// trace is not such a point. `start(k)`: the first event of occurrence `k`. The limit: a cache
+/// bounded by bytes whose entries vary in size can hold more entries late than at its first full
+/// step, and still reads as growth.
+fn at_capacity(cx: &Context, g: &Group, start: impl Fn(usize) -> Option<u32>) -> bool {
+    let blocks = &cx.replay.blocks;
+    let mut made: Vec<u32> =
+        g.blocks.iter().chain(&g.evicted_blocks).filter_map(|&bi| blocks[bi].alloc_event()).collect();
+    let mut let_go: Vec<u32> = g.evicted_blocks.iter().filter_map(|&bi| blocks[bi].freed_at()).collect();
+    made.sort_unstable();
+    let_go.sort_unstable();
+    let alive_at = |t: u32| made.partition_point(|&a| a < t) - let_go.partition_point(|&f| f < t);
+    let Some(last) = g.kept.last().and_then(|&k| start(k)).map(alive_at) else { return false };
+    let earlier = g.kept.len().saturating_sub(cx.thresholds.min_leak_occurrences);
+    g.kept[..earlier].iter().any(|&k| start(k).is_some_and(|t| alive_at(t) >= last))
 }
 
 /// Builds after which what the program repeats must allocate more for a line's models to read

@@ -53,6 +53,9 @@ struct Group {
     lines: BTreeMap<FrameId, u64>,
     largest: (u64, StackId),
     backward_line: Option<FrameId>,
+    /// Units retained by a backward that another backward followed before any pass ran (see
+    /// [`differentiated_again`]).
+    differentiated_again: usize,
 }
 
 impl Detector for RetainedGraph {
@@ -81,6 +84,7 @@ impl Detector for RetainedGraph {
             g.eligible += 1;
             if let UnitFate::RetainedByBackward { backward } = unit.fate {
                 g.backward_line = cx.phases.backwards[backward].line;
+                g.differentiated_again += differentiated_again(cx, backward) as usize;
             }
             let mut held_any = false;
             for ub in &lc.blocks[u] {
@@ -152,6 +156,9 @@ impl Detector for RetainedGraph {
             let growing = cx.is_growth(kept_occurrences, g.eligible);
             let severity = if growing { Severity::Leak } else { Severity::Peak };
             let (hold, occurrence, call) = match key {
+                Key::Backward(_) if g.differentiated_again == g.eligible => {
+                    (GraphHold::RetainedThenKept, Occurrence::Iteration, None)
+                }
                 Key::Backward(_) => (GraphHold::RetainedByBackward, Occurrence::Iteration, None),
                 Key::Kept(c) => (GraphHold::KeptReference, Occurrence::Pass, c),
                 Key::Awaiting(c) => (GraphHold::AwaitingBackward, Occurrence::Pass, c),
@@ -164,6 +171,13 @@ impl Detector for RetainedGraph {
             let root_site = root_stack.and_then(|s| cx.stacks.get(s).site);
             let (site, stack) = match hold {
                 GraphHold::RetainedByBackward => (g.backward_line, cx.backward_stack(g.backward_line)),
+                // The value that holds the graph, when the user's code made one after the pass;
+                // else the retaining backward, as in the plain case (u11: `autograd.grad(...,
+                // create_graph=True)` then `loss.backward()`, its kept value made after that).
+                GraphHold::RetainedThenKept => match (root_site, root_stack) {
+                    (Some(r), Some(s)) => (Some(r), s),
+                    _ => (g.backward_line, cx.backward_stack(g.backward_line)),
+                },
                 _ => match (root_site, root_stack) {
                     (Some(r), Some(s)) => (Some(r), s),
                     _ => (forward_call, g.largest.1),
@@ -200,4 +214,20 @@ impl Detector for RetainedGraph {
         }
         out
     }
+}
+
+/// Whether another backward pass (any line: `backward`, `autograd.grad`) started after backward
+/// `b` and before the next forward pass: the graph `b` retained was differentiated again, so
+/// `retain_graph=True` was what that needed, not the bug. A graph still alive after such a step
+/// is held by a reference to its tensors (j07: GradNorm's per-task losses appended to a history
+/// list), and the line to name is that value's or the model call's, not the backward's. A
+/// retaining backward followed by another forward pass before the next backward (a GAN's
+/// discriminator step, then the generator's) is the plain case: nothing needed the graph kept.
+fn differentiated_again(cx: &Context, b: usize) -> bool {
+    let backwards = &cx.phases.backwards;
+    let Some(next) = backwards.get(b + 1) else { return false };
+    let end = backwards[b].span.end;
+    let units = &cx.lifecycle.units;
+    let next_pass = units.partition_point(|u| u.pass_span.start < end);
+    units.get(next_pass).is_none_or(|u| next.span.start < u.pass_span.start)
 }
