@@ -749,6 +749,13 @@ fn a_leak_that_began_before_the_trace_says_how_much_more_it_keeps() {
 
     let whole = analyze(&fixture_with_prefix("extra10", "k07_"));
     assert!(of_kind(&whole, "reference_leak")[0]["facts"].get("before_trace").is_none(), "{}", describe(&whole));
+
+    // Kept masks whose shape follows the batch (l03, real run: 32 x L x L for varying L, 20 made
+    // before recording was switched back on): those of a size within the kept ones' range count,
+    // 17 of the 20; the 3 smaller than any mask made in the trace do not.
+    let out = analyze(&fixture_with_prefix("extra21", "l03_"));
+    let bt = &of_kind(&out, "reference_leak")[0]["facts"]["before_trace"];
+    assert_eq!((bt["blocks"].as_u64(), bt["bytes"].as_u64()), (Some(17), Some(35_648_512)), "l03: {bt}");
 }
 
 /// A cache keyed by the prompt (q26, real run: 5 prompts over 24 requests, the model run only on a

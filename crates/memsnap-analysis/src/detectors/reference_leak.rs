@@ -772,12 +772,15 @@ fn loop_went_on_without_the_model(cx: &Context, own_line: Option<FrameId>, units
 /// `kept` blocks were made (see [`BeforeTrace`]): for outputs of passes, blocks made inside a
 /// model call from `line`; for user code, blocks whose innermost user line is `line`, outside
 /// model calls. Their stacks are the dump's: the allocator keeps one for every block still
-/// allocated that was made while recording was on. Only blocks of a size the kept ones have: a
-/// leak keeps the same tensors each time, while the first call of a line may also have made a
-/// one-off block that stays for good (the cuBLAS workspace of the first matmul, 32 MiB, k10),
-/// which no reference of the user's keeps.
+/// allocated that was made while recording was on. Only blocks of a size within those the kept
+/// ones have (from the smallest to the largest): a leak keeps like tensors each time, whose
+/// shapes may follow the batch (l03: masks of 32 x L x L for lengths L that vary per batch, half
+/// of the sizes made before the trace never made in it), while the first call of a line may also
+/// have made a one-off block that stays for good (the cuBLAS workspace of the first matmul, 32
+/// MiB, k10, beside 1 MiB kept maps), which no reference of the user's keeps.
 fn made_before_trace(cx: &Context, line: FrameId, origin: LeakOrigin, kept: &[usize]) -> Option<BeforeTrace> {
-    let sizes: BTreeSet<u64> = kept.iter().map(|&bi| cx.replay.blocks[bi].size).collect();
+    let sizes = kept.iter().map(|&bi| cx.replay.blocks[bi].size);
+    let (smallest, largest) = (sizes.clone().min()?, sizes.max()?);
     let matches = |info: &crate::stacks::StackInfo| match origin {
         LeakOrigin::TrainedForward | LeakOrigin::NoGradForward | LeakOrigin::ReleasedGraphForward => {
             info.forward && info.forward_call == Some(line)
@@ -794,7 +797,7 @@ fn made_before_trace(cx: &Context, line: FrameId, origin: LeakOrigin, kept: &[us
         .filter(|b| {
             b.alloc_event().is_none()
                 && b.freed_at().is_none()
-                && sizes.contains(&b.size)
+                && (smallest..=largest).contains(&b.size)
                 && matches(&cx.stacks.get(b.stack))
         })
         .fold((0u64, 0u64), |(n, s), b| (n + 1, s + b.size));
