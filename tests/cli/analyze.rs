@@ -776,11 +776,51 @@ fn a_cache_that_stopped_missing_while_the_loop_went_on_is_not_a_leak() {
 fn an_lru_cache_at_its_capacity_is_not_a_leak_and_scores_kept_beside_a_kv_cache_are() {
     let out = analyze(&fixture_with_prefix("extra21", "l06_"));
     assert!(of_kind(&out, "reference_leak").is_empty(), "{}", describe(&out));
+    // Bounded by bytes (s01, real run: states of 12-256 KiB under an 8 MiB budget): the count
+    // moves between 84 and 103 and the bytes stay a few KiB under the budget.
+    let out = analyze(&fixture_with_prefix("extra22", "s01_"));
+    assert!(of_kind(&out, "reference_leak").is_empty(), "{}", describe(&out));
     let path = fixture_with_prefix("extra18", "e01_");
     let script = format!("{}.py", stem(&path));
     let out = analyze(&path);
     let leaks = of_kind(&out, "reference_leak");
     assert!(leaks.len() == 1 && at(leaks[0], &script, 43), "{}", describe(&out));
+    // The 112 score tensors `generate` made before the ring's first event are the same line's
+    // (the dump's stacks): 8 MiB in the trace, 56 MiB before it, the 64 MiB the program kept.
+    let bt = &leaks[0]["facts"]["before_trace"];
+    assert_eq!((bt["blocks"].as_u64(), bt["bytes"].as_u64()), (Some(112), Some(58_720_256)), "e01: {bt}");
+}
+
+/// Speculative decoding (j08, real run, a ring of 5000 events): every round keeps the draft's
+/// stacked probabilities (l.50) and the target's softmax (l.53), made by the user's code beside
+/// the passes; the trace holds 5 of the 72 rounds, under 1 MiB per line. The 67 rounds before it
+/// are the same lines' (the dump's stacks) and count towards what is at stake, so both are named.
+#[test]
+fn a_leak_mostly_before_a_wrapped_ring_is_weighed_with_what_the_dump_names() {
+    let path = fixture_with_prefix("extra23", "j08_");
+    let script = format!("{}.py", stem(&path));
+    let out = analyze(&path);
+    let leaks = of_kind(&out, "reference_leak");
+    for line in [50, 53] {
+        let s = leaks.iter().find(|s| at(s, &script, line)).unwrap_or_else(|| panic!("l.{line}: {}", describe(&out)));
+        assert_eq!(s["facts"]["before_trace"]["blocks"].as_u64(), Some(67), "{}", describe(&out));
+    }
+}
+
+/// A line search's trial evaluations run by `optimizer.step(closure)` (i09, real run, in
+/// `fixtures/limits`): the closure's forward passes sit under `torch/optim/` frames, and are
+/// forward passes all the same (the module call is inside the optimizer's frame), so the trials'
+/// kept graphs are found: retained_graph and no_grad_missing at the closure's model call, the
+/// latter reached from the step's `closure()` call (l.63).
+#[test]
+fn forward_passes_a_step_closure_runs_are_forward_passes() {
+    let path = common::fixture("limits").join("i09_armijo_line_search_closure_trials_keep_loss_graphs_leak.pickle.xz");
+    let script = format!("{}.py", stem(&path));
+    let out = analyze(&path);
+    for kind in ["retained_graph", "no_grad_missing"] {
+        let found = of_kind(&out, kind);
+        assert!(found.len() == 1 && at(found[0], &script, 97), "{kind}: {}", describe(&out));
+    }
 }
 
 /// GradNorm (j07, real run): `backward(retain_graph=True)`, then three `autograd.grad` calls

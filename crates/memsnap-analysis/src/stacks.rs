@@ -207,7 +207,10 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], forward_callers: &FxHashSet<FrameI
         if file.ends_with("transformers/cache_utils.py") {
             s.kv_cache = true;
         }
-        if file.contains("torch/optim/") {
+        // Frames run innermost first: a module call met before the optimizer's frame is a
+        // forward pass the step's closure ran (a line search's trial evaluations, L-BFGS's
+        // function evaluations: `step(closure)`), not the optimizer's own work (i09).
+        if file.contains("torch/optim/") && !s.forward {
             s.optimizer_code |= !s.optimizer && s.site.is_some();
             s.optimizer = true;
             s.lbfgs |= file.ends_with("torch/optim/lbfgs.py");
