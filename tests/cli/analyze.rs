@@ -767,6 +767,27 @@ fn a_cache_that_stopped_missing_while_the_loop_went_on_is_not_a_leak() {
     assert!(of_kind(&out, "reference_leak").is_empty(), "{}", describe(&out));
 }
 
+/// A reservoir of 256 slots (s13, real run: filled by `append` at l.74 until full, then written
+/// at random slots at l.81; the ring holds the last 9 of 30 steps): each store at l.81 frees the
+/// slot's old tensor at the very next event, one made at l.74 or before the trace, so l.81's
+/// tensors replace others' and memory stays level: not a leak. The near miss (s08, real run): a
+/// pool of fooled examples appended to every step replaces nothing and stays a leak, its
+/// iterations delimited by the training step's `loss.backward()` (l.101, followed by the
+/// optimizer's step), not by the attack's five `autograd.grad` calls a step (l.77).
+#[test]
+fn slots_overwritten_by_another_line_than_the_one_that_filled_them_are_not_a_leak() {
+    let out = analyze(&fixture_with_prefix("extra25", "s13_"));
+    assert!(of_kind(&out, "reference_leak").is_empty(), "{}", describe(&out));
+    let path = fixture_with_prefix("extra25", "s08_");
+    let script = format!("{}.py", stem(&path));
+    let out = analyze(&path);
+    let leaks = of_kind(&out, "reference_leak");
+    assert!(leaks.len() == 1 && at(leaks[0], &script, 104), "{}", describe(&out));
+    let phases = &out["devices"][0]["phases"];
+    assert_eq!(phases["iteration_site"]["line"], 101, "{phases}");
+    assert_eq!(phases["iterations"], 7, "{phases}");
+}
+
 /// An LRU cache of spectrograms that fills in four steps and then evicts one for every miss
 /// (l06, real run: 8-13 new entries a step into a capacity of 48, kept from 9 of 10 steps):
 /// its tensors alive stop rising while it goes on making them, so it is full, not leaking. The

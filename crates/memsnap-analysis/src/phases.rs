@@ -261,7 +261,7 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
         event_count: n,
         free_stacks_from_alloc,
     };
-    if let Some(line) = most_frequent(phases.backwards.iter().map(|b| b.line)) {
+    if let Some(line) = iteration_backward_line(events, &phases.backwards, &phases.optimizer_steps) {
         let starts: Vec<u32> = phases.backwards.iter().filter(|b| b.line == line).map(|b| b.span.start).collect();
         if starts.len() >= 2 {
             // An iteration starts with the forward pass that feeds its backward: move each
@@ -404,6 +404,37 @@ fn backward_frees_pass(events: &[TraceEvent], pass: Span, backward: Span) -> boo
         }
     }
     false
+}
+
+/// The backward line that delimits iterations: the most frequent one, unless an optimizer step
+/// never follows it while one follows another line at least twice, which is then the one (the
+/// most frequent such).
+///
+/// Mechanism: a training step ends with the optimizer stepping on the gradients its backward
+/// made; `autograd.grad` calls that differentiate something else before it (an adversarial
+/// attack's gradients with respect to the input, several per step: s08; a gradient penalty)
+/// can outnumber the step's own `loss.backward()`, and iterations counted by them cut a step in
+/// pieces. "Follows": the next optimizer step starts after the backward ends and before the
+/// next backward (of any line) starts; a step is a window of `torch/optim` frames that
+/// allocates (`zero_grad(set_to_none=True)` only frees, and comes before the backward). A
+/// program whose steps allocate nothing (plain SGD without momentum or weight decay, in place)
+/// shows no step: the most frequent line stays.
+fn iteration_backward_line(events: &[TraceEvent], backwards: &[Backward], steps: &[Span]) -> Option<Option<FrameId>> {
+    let frequent = most_frequent(backwards.iter().map(|b| b.line))?;
+    let allocates = |s: &Span| events[s.start as usize..s.end as usize].iter().any(|e| e.action() == Action::Alloc);
+    let stepped = |k: usize| {
+        let next = backwards.get(k + 1).map_or(u32::MAX, |b| b.span.start);
+        let i = steps.partition_point(|s| s.start < backwards[k].span.end);
+        steps[i..].iter().take_while(|s| s.start < next).any(allocates)
+    };
+    let stepped_lines = || (0..backwards.len()).filter(|&k| stepped(k)).map(|k| backwards[k].line);
+    if stepped_lines().any(|l| l == frequent) {
+        return Some(frequent);
+    }
+    match most_frequent(stepped_lines()) {
+        Some(line) if stepped_lines().filter(|&l| l == line).count() >= 2 => Some(line),
+        _ => Some(frequent),
+    }
 }
 
 /// The most frequent value (ties to the one seen first), ignoring `None`.

@@ -21,9 +21,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use memsnap_model::{FrameId, StackId};
+use memsnap_model::{Action, FrameId, StackId};
 use rayon::prelude::*;
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::{Context, Detector, Finding};
 use crate::attribution::Attr;
@@ -398,7 +398,7 @@ impl Detector for ReferenceLeak {
                 iterations_went_on_without_the_line(cx, &g.eligible)
             };
             let built_into_model = matches!(key, Key::Line(_, Origin::Construction)) && built_into_the_model(cx, g);
-            let full = g.evicted && at_capacity(cx, g, |k| occurrence_start(k, g.pass_occurrences));
+            let full = at_capacity(cx, g, |k| occurrence_start(k, g.pass_occurrences));
             if stopped || built_into_model || full {
                 stopped_filling.insert(*key);
             }
@@ -689,6 +689,10 @@ fn rises_with_every_build(times: &[u32], measure: impl Fn(u32, u32) -> Option<u3
 /// reads as full.
 fn at_capacity(cx: &Context, g: &Group, start: impl Fn(usize) -> Option<u32>) -> bool {
     let blocks = &cx.replay.blocks;
+    let replaced = replaced_blocks(cx, g, &start);
+    if g.evicted_blocks.is_empty() && replaced.is_empty() {
+        return false;
+    }
     // (event, size) of the long-lived blocks made, of those let go, and of those kept to the end.
     let events = |of: &[usize], at: fn(&memsnap_replay::BlockLifetime) -> Option<u32>| {
         let mut v: Vec<(u32, u64)> =
@@ -699,29 +703,76 @@ fn at_capacity(cx: &Context, g: &Group, start: impl Fn(usize) -> Option<u32>) ->
     let mut made = events(&g.blocks, |b| b.alloc_event());
     made.extend(events(&g.evicted_blocks, |b| b.alloc_event()));
     made.sort_unstable();
-    let let_go = events(&g.evicted_blocks, |b| b.freed_at());
+    let mut let_go = events(&g.evicted_blocks, |b| b.freed_at());
+    let_go.extend(events(&replaced, |b| b.freed_at()));
+    let_go.sort_unstable();
     let kept = events(&g.blocks, |b| b.alloc_event());
     // Number and bytes of `v`'s entries before event `t`.
     let before = |v: &[(u32, u64)], t: u32| {
         let n = v.partition_point(|&(e, _)| e < t);
-        (n as u64, v[..n].iter().map(|&(_, size)| size).sum::<u64>())
+        (n as i64, v[..n].iter().map(|&(_, size)| size as i64).sum::<i64>())
     };
-    let alive_at = |t: u32| {
+    // What the line made minus what it let go (its own or others' it replaced), before `t`.
+    let net_at = |t: u32| {
         let ((m, mb), (l, lb)) = (before(&made, t), before(&let_go, t));
-        (m - l, mb.saturating_sub(lb))
+        (m - l, mb - lb)
     };
     let Some(last) = g.kept.last().and_then(|&k| start(k)) else { return false };
-    let (count, bytes) = alive_at(last);
+    let (count, bytes) = net_at(last);
     let (kept_by_last, kept_bytes_by_last) = before(&kept, last);
     let earlier = g.kept.len().saturating_sub(cx.thresholds.min_leak_occurrences);
     g.kept[..earlier].iter().filter_map(|&k| start(k)).any(|t| {
-        let (n, b) = alive_at(t);
+        let (n, b) = net_at(t);
         let (kept_by_t, kept_bytes_by_t) = before(&kept, t);
         let (kept_between, kept_bytes_between) = (kept_by_last - kept_by_t, kept_bytes_by_last - kept_bytes_by_t);
-        let within = |rise: u64, kept: u64| rise as f64 <= CAPACITY_RISE_SHARE * kept as f64;
-        kept_between > 0
-            && (within(count.saturating_sub(n), kept_between) || within(bytes.saturating_sub(b), kept_bytes_between))
+        let within = |rise: i64, kept: i64| rise as f64 <= CAPACITY_RISE_SHARE * kept as f64;
+        kept_between > 0 && (within(count - n, kept_between) || within(bytes - b, kept_bytes_between))
     })
+}
+
+/// Blocks not of group `g` that one of its allocations replaced: freed by the trace's very next
+/// event, of the new block's size, and made before the occurrence that made the new block (or
+/// before the trace).
+///
+/// Mechanism: storing a new tensor into an occupied slot (`slots[j] = x.clone()`, a dict entry
+/// overwritten) drops the old value's last reference as the store completes, so the caching
+/// allocator records its free right after the new block's allocation. A cache whose entries are
+/// filled at one line and replaced at another (a reservoir filled by `append` until full, then
+/// written at random slots: s13) lets go of the filling line's tensors at the replacing line,
+/// and the replacing line alone reads as growth. Made before the occurrence: a temporary of the
+/// same size freed after the copy that outlives it (`(a * b).clone()`) is no replacement.
+fn replaced_blocks(cx: &Context, g: &Group, start: &impl Fn(usize) -> Option<u32>) -> Vec<usize> {
+    let blocks = &cx.replay.blocks;
+    let starts: Vec<u32> = g.eligible.iter().filter_map(|&k| start(k)).collect();
+    // The event right after each allocation of the group, when it is a free: the new block's
+    // size and the start of the occurrence that made it.
+    let mut wanted: FxHashMap<u32, (u64, u32)> = FxHashMap::default();
+    for &bi in g.blocks.iter().chain(&g.evicted_blocks) {
+        let b = &blocks[bi];
+        let Some(made) = b.alloc_event() else { continue };
+        let next = made + 1;
+        let is_free = cx
+            .events
+            .get(next as usize)
+            .is_some_and(|e| matches!(e.action(), Action::FreeRequested | Action::FreeCompleted));
+        let occurrence = starts[..starts.partition_point(|&s| s <= made)].last();
+        if let (true, Some(&occurrence)) = (is_free, occurrence) {
+            wanted.insert(next, (b.size, occurrence));
+        }
+    }
+    if wanted.is_empty() {
+        return Vec::new();
+    }
+    let own: FxHashSet<usize> = g.evicted_blocks.iter().copied().collect();
+    (0..blocks.len())
+        .filter(|bi| !own.contains(bi))
+        .filter(|&bi| {
+            let b = &blocks[bi];
+            b.freed_at().and_then(|f| wanted.get(&f)).is_some_and(|&(size, occurrence)| {
+                b.size == size && b.alloc_event().is_none_or(|made| made < occurrence)
+            })
+        })
+        .collect()
 }
 
 /// The most a full cache's tensors alive may rise, as a share of the tensors it made and kept
