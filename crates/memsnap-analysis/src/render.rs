@@ -58,6 +58,15 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
             };
             let n = *graphs as u64;
             let held = plural(*held_blocks, "saved tensor", "saved tensors");
+            // The words of a hold a reference keeps: "their graphs (N saved tensors, saved at …)
+            // were" still alive, so a reference keeps "them, rooted at …".
+            let still_alive =
+                format!("{} ({held}{lines}) {}", agree(n, "its graph", "their graphs"), agree(n, "was", "were"));
+            let kept = format!(
+                "{}{}",
+                agree(n, "it", "them"),
+                root.as_ref().map_or(String::new(), |r| format!(", rooted at the value made at {}", r.short()))
+            );
             let head = match hold {
                 GraphHold::RetainedByBackward => format!(
                     "The backward pass at {} ran right after {} (called at {}) and freed none of {} {}{}: the graph was kept (`retain_graph=True`).",
@@ -69,41 +78,29 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
                     lines
                 ),
                 GraphHold::RetainedThenKept => format!(
-                    "The backward pass at {} ran right after {} (called at {}) and kept {} (`retain_graph=True`, or `create_graph=True`), and another backward went through the same {} before any other pass ran, so that was needed; yet {} ({}{}) {} still alive after the step, so a reference keeps {}{}.",
+                    "The backward pass at {} ran right after {} (called at {}) and kept {} (`retain_graph=True`, or `create_graph=True`), and another backward went through the same {} before any other pass ran, so that was needed; yet {} still alive after the step, so a reference keeps {}.",
                     site(backward_line),
                     if n == 1 { forward_passes(*graphs) } else { format!("each of {}", forward_passes(*graphs)) },
                     site(forward_call),
                     agree(n, "its graph", "their graphs"),
                     agree(n, "graph", "graphs"),
-                    agree(n, "its graph", "their graphs"),
-                    held,
-                    lines,
-                    agree(n, "was", "were"),
-                    agree(n, "it", "them"),
-                    root.as_ref().map_or(String::new(), |r| format!(", rooted at the value made at {}", r.short()))
+                    still_alive,
+                    kept
                 ),
                 GraphHold::KeptReference => format!(
-                    "{} called at {} ran with grad enabled and no backward; {} ({}{}) {} still alive two passes later, so a reference keeps {}{}.",
+                    "{} called at {} ran with grad enabled and no backward; {} still alive two passes later, so a reference keeps {}.",
                     forward_passes(*graphs),
                     site(forward_call),
-                    agree(n, "its graph", "their graphs"),
-                    held,
-                    lines,
-                    agree(n, "was", "were"),
-                    agree(n, "it", "them"),
-                    root.as_ref().map_or(String::new(), |r| format!(", rooted at the value made at {}", r.short()))
+                    still_alive,
+                    kept
                 ),
                 GraphHold::SkippedBackward => format!(
-                    "{} called at {} ran with grad enabled, between passes of the same code that a backward consumed, and {} backward never ran (the step left between forward and backward: an exception, a `continue`); {} ({}{}) {} still alive two passes later, so a reference keeps {}{}.",
+                    "{} called at {} ran with grad enabled, between passes of the same code that a backward consumed, and {} backward never ran (the step left between forward and backward: an exception, a `continue`); {} still alive two passes later, so a reference keeps {}.",
                     forward_passes(*graphs),
                     site(forward_call),
                     agree(n, "its", "their"),
-                    agree(n, "its graph", "their graphs"),
-                    held,
-                    lines,
-                    agree(n, "was", "were"),
-                    agree(n, "it", "them"),
-                    root.as_ref().map_or(String::new(), |r| format!(", rooted at the value made at {}", r.short()))
+                    still_alive,
+                    kept
                 ),
                 GraphHold::AwaitingBackward => format!(
                     "{} called at {} built {} ({}{}) for a backward that had not run when the trace ended{}.",
