@@ -788,6 +788,23 @@ fn slots_overwritten_by_another_line_than_the_one_that_filled_them_are_not_a_lea
     assert_eq!(phases["iterations"], 7, "{phases}");
 }
 
+/// A `TorchDispatchMode` that appends every matmul's output to a dict of lists (s17, real run:
+/// 9 outputs a step, 35,651,584 bytes a step by `memory_allocated()`): PyTorch runs the mode's
+/// `__torch_dispatch__` from inside each op of the model's forward, so the kept blocks' stacks
+/// run through the model's lines and the mode's. The handler keeps them: one suspect at its
+/// line (l.59), not one per model line that happened to call a watched op, and the growth per
+/// iteration is the live process's.
+#[test]
+fn what_a_dispatch_mode_keeps_is_named_at_the_handler() {
+    let path = fixture_with_prefix("extra26", "s17_");
+    let script = format!("{}.py", stem(&path));
+    let out = analyze(&path);
+    let s = suspects(&out);
+    assert!(s.len() == 1 && at(&s[0], &script, 59), "{}", describe(&out));
+    assert_eq!(s[0]["kind"], "reference_leak", "{}", describe(&out));
+    assert_eq!(s[0]["growth_bytes_per_iteration"], 35_651_584u64, "{}", describe(&out));
+}
+
 /// An LRU cache of spectrograms that fills in four steps and then evicts one for every miss
 /// (l06, real run: 8-13 new entries a step into a capacity of 48, kept from 9 of 10 steps):
 /// its tensors alive stop rising while it goes on making them, so it is full, not leaking. The

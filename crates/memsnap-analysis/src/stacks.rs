@@ -27,6 +27,13 @@ pub struct StackInfo {
     /// hook allocates (`out.clone()` in a debug hook) is the hook's, not the model's, so its line
     /// is the user's own (`site`), not `module_call`.
     pub in_module_hook: bool,
+    /// User code inside the innermost `nn.Module` call (or outside any) runs as a
+    /// `__torch_dispatch__` or `__torch_function__` handler: a `TorchDispatchMode`, a
+    /// `TorchFunctionMode` or a tensor subclass the user wrote, which PyTorch calls for every
+    /// operation from inside the op, not from the model's code. What it keeps of the outputs it
+    /// sees (an activation-statistics mode appending every matmul's output: s17) is the
+    /// handler's, so, as for a hook, its line is the user's own (`site`).
+    pub in_dispatch_handler: bool,
     /// The stack launches a backward pass (`torch.autograd.backward` / `_make_grads`); `site`
     /// is then the `.backward()` line.
     pub backward_launch: bool,
@@ -214,6 +221,12 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], forward_callers: &FxHashSet<FrameI
             s.optimizer_code |= !s.optimizer && s.site.is_some();
             s.optimizer = true;
             s.lbfgs |= file.ends_with("torch/optim/lbfgs.py");
+        }
+        if kind == FrameKind::User
+            && innermost_module.is_none()
+            && matches!(name, "__torch_dispatch__" | "__torch_function__")
+        {
+            s.in_dispatch_handler = true;
         }
         if is_module_call(file, name) {
             s.forward = true;

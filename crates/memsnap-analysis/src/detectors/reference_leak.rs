@@ -229,7 +229,8 @@ impl Detector for ReferenceLeak {
                         // operation made, or, when that operation is a statement of the model's
                         // own `forward` (a model that computes its loss and returns
                         // `(logits, loss)`), what another such statement made: the model's
-                        // top-level results, where intermediates come from its submodules.
+                        // top-level results, where intermediates come from its submodules. What
+                        // a hook or a dispatch handler made is fixed at its own line.
                         let output = ub.in_pass
                             && last_op.is_some_and(|l| {
                                 l.innermost_python.is_some()
@@ -237,7 +238,7 @@ impl Detector for ReferenceLeak {
                                     && l.module_call == info.module_call
                                     || l.model_depth == 1 && info.model_depth == 1
                             });
-                        let line = if !ub.in_pass || info.in_module_hook {
+                        let line = if !ub.in_pass || info.in_module_hook || info.in_dispatch_handler {
                             info.site
                         } else if output {
                             unit.call_site.or(info.site)
