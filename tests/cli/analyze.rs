@@ -805,6 +805,27 @@ fn what_a_dispatch_mode_keeps_is_named_at_the_handler() {
     assert_eq!(s[0]["growth_bytes_per_iteration"], 35_651_584u64, "{}", describe(&out));
 }
 
+/// A width sweep (s24, real run: five MLPs trained in turn with AdamW, each run's
+/// `opt.state_dict()` stored in a results dict, then `del model, opt`): the parameters and
+/// gradients are freed, the moments stay (100 tensors, 432,341,032 bytes by the live process).
+/// An optimizer holds its parameters, so state that outlives them is held without it: one
+/// suspect at the `step()` line that made the state (l.62), origin `optimizer_state_orphaned`.
+/// The near miss (s21, real run): population-based training replaces its worst member by a
+/// `deepcopy` of the best with its optimizer, and frees the old one; the copies' parameters are
+/// alive with their state, so nothing is orphaned.
+#[test]
+fn optimizer_state_kept_after_its_model_was_deleted_is_a_leak() {
+    let path = fixture_with_prefix("extra27", "s24_");
+    let script = format!("{}.py", stem(&path));
+    let out = analyze(&path);
+    let s = suspects(&out);
+    assert!(s.len() == 1 && at(&s[0], &script, 62), "{}", describe(&out));
+    assert_eq!(s[0]["facts"]["origin"], "optimizer_state_orphaned", "{}", describe(&out));
+    assert_eq!(s[0]["facts"]["blocks"], 100, "{}", describe(&out));
+    let out = analyze(&fixture_with_prefix("extra26", "s21_"));
+    assert!(suspects(&out).is_empty(), "{}", describe(&out));
+}
+
 /// An LRU cache of spectrograms that fills in four steps and then evicts one for every miss
 /// (l06, real run: 8-13 new entries a step into a capacity of 48, kept from 9 of 10 steps):
 /// its tensors alive stop rising while it goes on making them, so it is full, not leaking. The

@@ -46,7 +46,7 @@ fn fixtures() -> Vec<Fixture> {
     for dir in [
         "dev", "extra", "extra2", "extra3", "extra4", "extra5", "extra6", "extra7", "extra8", "extra9", "extra10",
         "extra11", "extra12", "extra13", "extra14", "extra15", "extra16", "extra17", "extra18", "extra19", "extra20",
-        "extra21", "extra22", "extra23", "extra24", "extra25", "extra26", "multi", "formats", "cache",
+        "extra21", "extra22", "extra23", "extra24", "extra25", "extra26", "extra27", "multi", "formats", "cache",
     ] {
         let d = common::fixture(dir);
         if !d.is_dir() {

@@ -154,6 +154,11 @@ pub enum LeakOrigin {
     /// Optimizer state made again for parameters already met, every few iterations, and kept:
     /// new optimizers over the same parameters (restarts) while the old ones stay referenced.
     OptimizerStateRemade,
+    /// Optimizer state kept after its parameters were freed, made by steps in several
+    /// iterations: an optimizer holds its parameters, so state that outlives them is held
+    /// without the optimizer (a stored `state_dict()`, whose state entries are the live
+    /// tensors, not copies), once per model let go (a sweep).
+    OptimizerStateOrphaned,
     /// Tensors the user's own code run by an optimizer step (a `step` they wrote, a step hook)
     /// made in every iteration for the same parameters and kept: a history of updates,
     /// gradients or parameter copies, not state.

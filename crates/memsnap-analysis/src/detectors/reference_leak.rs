@@ -371,6 +371,19 @@ impl Detector for ReferenceLeak {
             .map(|(key, g)| (*key, remade_state(cx, g)))
             .collect();
 
+        // Optimizer state kept after its parameters were freed (see `orphaned_state`), per
+        // `step()` line.
+        let orphaned: BTreeMap<Key, Vec<usize>> = groups
+            .iter()
+            .filter(|(key, g)| {
+                matches!(key, Key::Line(_, Origin::Optimizer))
+                    && !g.evicted
+                    && g.kept.len() >= cx.thresholds.min_leak_occurrences
+            })
+            .map(|(key, g)| (*key, orphaned_state(cx, g)))
+            .filter(|(_, its)| its.len() >= cx.thresholds.min_leak_occurrences)
+            .collect();
+
         // Growth: kept in a large enough share of the occurrences; or, for tensors of forward
         // passes and of user code, none of which was ever let go, kept on to the end of the
         // trace (a leak that starts after a warm-up, or keeps one step in a few); or, for
@@ -382,6 +395,7 @@ impl Detector for ReferenceLeak {
                     && !g.evicted
                     && cx.is_unevicted_growth(&g.kept, &g.eligible)
                 || remade.get(key).is_some_and(|r| cx.is_unevicted_growth(r, &g.eligible))
+                || orphaned.contains_key(key)
         };
         // Unless the line stopped making what it keeps while the loop went on for as long again:
         // a fill that stopped (a cache keyed by the input once every key was met, a dataset
@@ -441,6 +455,7 @@ impl Detector for ReferenceLeak {
                         Origin::Backward => LeakOrigin::Backward,
                         Origin::Construction => LeakOrigin::ModelsKept,
                         Origin::Optimizer if cx.stacks.get(g.largest.1).lbfgs => LeakOrigin::OptimizerHistory,
+                        Origin::Optimizer if orphaned.contains_key(&key) => LeakOrigin::OptimizerStateOrphaned,
                         // Made in every iteration for the same parameters: no new parameters,
                         // so not their state. The user's own step keeps something per step
                         // (k04), or a new optimizer is made each iteration.
@@ -940,6 +955,65 @@ fn remade_state(cx: &Context, g: &Group) -> Vec<usize> {
             made.filter(|(_, (sizes, at))| *sizes == first_sizes && gradient_bytes_at(*at) <= first_gradients)
                 .map(|(it, _)| it),
         )
+        .collect()
+}
+
+/// The iterations whose kept optimizer state, from one `step()` line, outlived its parameters:
+/// at least half its bytes in blocks of sizes that parameter-sized blocks alive when the state
+/// was made had, all freed since, with no block of that size but optimizer state alive at the
+/// end of the trace.
+///
+/// Mechanism. An optimizer makes a parameter's state with the parameter's shape (Adam:
+/// `zeros_like(p)` twice) and holds the parameter itself in its groups, so while the optimizer
+/// lives its parameters do. State still allocated after every tensor of its size but state
+/// was freed is held without its optimizer: `opt.state_dict()` stored (its state entries are
+/// the live tensors; the parameters become indices), or the state dicts copied out of
+/// `opt.state`. Made again for each new model of a sweep whose models are deleted (s24), it
+/// grows by a model's state per model. Parameters: blocks built at construction (`.cuda()`,
+/// `Module.__init__`) or made before the trace. Conservative where another tensor of a state
+/// block's size is alive at the end (the teacher of a distillation, a copy): not orphaned.
+fn orphaned_state(cx: &Context, g: &Group) -> Vec<usize> {
+    let blocks = &cx.replay.blocks;
+    let own: FxHashSet<usize> = g.blocks.iter().copied().collect();
+    let sizes: FxHashSet<u64> = g.blocks.iter().map(|&bi| blocks[bi].size).collect();
+    // Per size: the (made, freed) events of parameter-like blocks freed in the trace, and
+    // whether a block other than optimizer state is alive at the end.
+    let mut freed_params: FxHashMap<u64, Vec<(Option<u32>, u32)>> = FxHashMap::default();
+    let mut alive_at_end: FxHashSet<u64> = FxHashSet::default();
+    for (bi, b) in blocks.iter().enumerate() {
+        if !sizes.contains(&b.size) || own.contains(&bi) {
+            continue;
+        }
+        let info = cx.stacks.get(cx.event_stack(b));
+        match b.freed_at() {
+            None if !info.optimizer => {
+                alive_at_end.insert(b.size);
+            }
+            Some(freed) if info.construction || b.alloc_event().is_none() => {
+                freed_params.entry(b.size).or_default().push((b.alloc_event(), freed));
+            }
+            _ => {}
+        }
+    }
+    // Per iteration: kept state bytes, and those of it orphaned.
+    let mut per_iteration: BTreeMap<usize, (u64, u64)> = BTreeMap::new();
+    for &bi in &g.blocks {
+        let b = &blocks[bi];
+        let (Some(it), Some(made)) = (cx.iteration_of(b), b.alloc_event()) else { continue };
+        let its_parameter_freed = !alive_at_end.contains(&b.size)
+            && freed_params.get(&b.size).is_some_and(|ps| {
+                ps.iter().any(|&(p_made, p_freed)| p_made.is_none_or(|m| m < made) && p_freed > made)
+            });
+        let e = per_iteration.entry(it).or_default();
+        e.0 += b.size;
+        if its_parameter_freed {
+            e.1 += b.size;
+        }
+    }
+    per_iteration
+        .into_iter()
+        .filter(|(_, (all, orphaned))| *orphaned * 2 >= *all && *all > 0)
+        .map(|(it, _)| it)
         .collect()
 }
 
