@@ -684,11 +684,12 @@ fn rises_with_every_build(times: &[u32], measure: impl Fn(u32, u32) -> Option<u3
     risen >= MIN_GROWN_BUILDS
 }
 
-/// Whether a line that lets some of its long-lived tensors go (an evicting cache) is full to
-/// its capacity, not leaking: from the start of an occurrence to the start of its last kept
-/// occurrence, at least `min_leak_occurrences` kept occurrences later, its tensors alive rose by
-/// at most [`CAPACITY_RISE_SHARE`] of those it made in between that are still alive at the end,
-/// in number or in bytes.
+/// Whether a line that lets some of its long-lived tensors go (an evicting cache), or whose new
+/// tensors replace older ones ([`replaced_blocks`]), is full to its capacity, not leaking: from
+/// the start of an occurrence to the start of its last kept occurrence, at least
+/// `min_leak_occurrences` kept occurrences later, what it made less what it let go or replaced
+/// rose by at most [`CAPACITY_RISE_SHARE`] of what it made in between that is still alive at
+/// the end, in number or in bytes.
 ///
 /// Mechanism: a cache bounded by its number of entries (an LRU that `popitem`s the oldest, a
 /// queue with a `maxlen`) or by their bytes (evicting until the total fits a budget) lets old
