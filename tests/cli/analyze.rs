@@ -811,8 +811,7 @@ fn what_a_dispatch_mode_keeps_is_named_at_the_handler() {
 /// An optimizer holds its parameters, so state that outlives them is held without it: one
 /// suspect at the `step()` line that made the state (l.62), origin `optimizer_state_orphaned`.
 /// The near miss (s21, real run): population-based training replaces its worst member by a
-/// `deepcopy` of the best with its optimizer, and frees the old one; the copies' parameters are
-/// alive with their state, so nothing is orphaned.
+/// `deepcopy` of the best, model and optimizer state, and drops the old member: no suspect.
 #[test]
 fn optimizer_state_kept_after_its_model_was_deleted_is_a_leak() {
     let path = fixture_with_prefix("extra27", "s24_");
