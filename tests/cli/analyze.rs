@@ -825,6 +825,22 @@ fn optimizer_state_kept_after_its_model_was_deleted_is_a_leak() {
     assert!(suspects(&out).is_empty(), "{}", describe(&out));
 }
 
+/// Lottery-ticket pruning with `torch.nn.utils.prune` (s10, real run: each round's masks kept by
+/// a history list, the network evaluated under `no_grad` before each pruning): pruning's forward
+/// pre-hook re-makes every pruned weight (`weight_orig * mask`) before each forward and keeps it
+/// as a module attribute, so those blocks outlive even a no-grad pass. They are the hook's
+/// attributes, not saved tensors: the evaluations read as run without grad, and the kept masks
+/// are named at the pruning call (l.81) with that origin, not as outputs of grad-on passes.
+#[test]
+fn a_library_hooks_module_attributes_are_not_saved_tensors() {
+    let path = fixture_with_prefix("extra25", "s10_");
+    let script = format!("{}.py", stem(&path));
+    let out = analyze(&path);
+    let leaks = of_kind(&out, "reference_leak");
+    assert!(leaks.len() == 1 && at(leaks[0], &script, 81), "{}", describe(&out));
+    assert_eq!(leaks[0]["facts"]["origin"], "no_grad_forward", "{}", describe(&out));
+}
+
 /// An LRU cache of spectrograms that fills in four steps and then evicts one for every miss
 /// (l06, real run: 8-13 new entries a step into a capacity of 48, kept from 9 of 10 steps):
 /// its tensors alive stop rising while it goes on making them, so it is full, not leaking. The

@@ -378,7 +378,12 @@ pub fn lifecycle(
                 unit.pass_blocks += 1;
                 let stack = b.alloc_event().map(|a| events[a as usize].stack);
                 checkpointed |= stack.is_some_and(|s| stacks.get(s).checkpointed);
-                if alive_after(b, last_pass_event) {
+                // A module hook's tensors that outlive the pass are module attributes it set
+                // (pruning's `weight = weight_orig * mask`, re-made before every forward and
+                // replacing the last one), alive whatever the grad mode: not saved tensors (s10:
+                // evaluations under `no_grad` of a pruned network read as run with grad).
+                let hook_attribute = stack.is_some_and(|s| stacks.get(s).made_by_module_hook);
+                if alive_after(b, last_pass_event) && !hook_attribute {
                     unit.survived_pass += 1;
                     unit.saved_bytes += b.size;
                     if let Some(s) = stack {

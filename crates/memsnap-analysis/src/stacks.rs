@@ -27,6 +27,11 @@ pub struct StackInfo {
     /// hook allocates (`out.clone()` in a debug hook) is the hook's, not the model's, so its line
     /// is the user's own (`site`), not `module_call`.
     pub in_module_hook: bool,
+    /// The function the innermost `nn.Module` call ran is a hook, the user's or a library's
+    /// (`torch.nn.utils.prune`'s forward pre-hook, which re-makes `weight` from `weight_orig`
+    /// and the mask before every forward, `spectral_norm`'s, `weight_norm`'s), not the module's
+    /// `forward`: see `in_module_hook`, which is this for the user's own code.
+    pub made_by_module_hook: bool,
     /// User code inside the innermost `nn.Module` call (or outside any) runs as a
     /// `__torch_dispatch__` or `__torch_function__` handler: a `TorchDispatchMode`, a
     /// `TorchFunctionMode` or a tensor subclass the user wrote, which PyTorch calls for every
@@ -272,12 +277,11 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], forward_callers: &FxHashSet<FrameI
         let python: Vec<FrameId> =
             frames[..=i].iter().copied().filter(|f| kinds[f.0 as usize] != FrameKind::Native).collect();
         let at = python.iter().rposition(|&f| !in_module_machinery(snap, f));
-        s.in_module_hook = at.is_some_and(|k| {
+        s.made_by_module_hook = at.is_some_and(|k| {
             let (called, caller) = (python[k], python.get(k + 1).copied());
-            kinds[called.0 as usize] == FrameKind::User
-                && snap.str(snap.frame(called).name) != "forward"
-                && !caller.is_some_and(|c| forward_callers.contains(&c))
+            snap.str(snap.frame(called).name) != "forward" && !caller.is_some_and(|c| forward_callers.contains(&c))
         });
+        s.in_module_hook = s.made_by_module_hook && at.is_some_and(|k| kinds[python[k].0 as usize] == FrameKind::User);
     }
     s
 }
