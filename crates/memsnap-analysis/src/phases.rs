@@ -427,12 +427,13 @@ fn iteration_backward_line(events: &[TraceEvent], backwards: &[Backward], steps:
         let i = steps.partition_point(|s| s.start < backwards[k].span.end);
         steps[i..].iter().take_while(|s| s.start < next).any(allocates)
     };
-    let stepped_lines = || (0..backwards.len()).filter(|&k| stepped(k)).map(|k| backwards[k].line);
-    if stepped_lines().any(|l| l == frequent) {
+    let stepped_lines: Vec<Option<FrameId>> =
+        (0..backwards.len()).filter(|&k| stepped(k)).map(|k| backwards[k].line).collect();
+    if stepped_lines.contains(&frequent) {
         return Some(frequent);
     }
-    match most_frequent(stepped_lines()) {
-        Some(line) if stepped_lines().filter(|&l| l == line).count() >= 2 => Some(line),
+    match most_frequent(stepped_lines.iter().copied()) {
+        Some(line) if stepped_lines.iter().filter(|&&l| l == line).count() >= 2 => Some(line),
         _ => Some(frequent),
     }
 }

@@ -710,24 +710,30 @@ fn at_capacity(cx: &Context, g: &Group, start: impl Fn(usize) -> Option<u32>) ->
     if g.evicted_blocks.is_empty() && replaced.is_empty() {
         return false;
     }
-    // (event, size) of the long-lived blocks made, of those let go, and of those kept to the end.
-    let events = |of: &[usize], at: fn(&memsnap_replay::BlockLifetime) -> Option<u32>| {
-        let mut v: Vec<(u32, u64)> =
-            of.iter().filter_map(|&bi| at(&blocks[bi]).map(|e| (e, blocks[bi].size))).collect();
+    // The events of the long-lived blocks made, let go and kept to the end, in order, with the
+    // running total of their bytes: the count and bytes before any event in a binary search (a
+    // group may hold millions of blocks and be asked at each of its kept occurrences).
+    let events = |mut v: Vec<(u32, u64)>| -> Vec<(u32, i64)> {
         v.sort_unstable();
-        v
+        let mut total = 0i64;
+        v.into_iter()
+            .map(|(e, size)| {
+                total += size as i64;
+                (e, total)
+            })
+            .collect()
     };
-    let mut made = events(&g.blocks, |b| b.alloc_event());
-    made.extend(events(&g.evicted_blocks, |b| b.alloc_event()));
-    made.sort_unstable();
-    let mut let_go = events(&g.evicted_blocks, |b| b.freed_at());
-    let_go.extend(events(&replaced, |b| b.freed_at()));
-    let_go.sort_unstable();
-    let kept = events(&g.blocks, |b| b.alloc_event());
+    let at = |of: &[usize], event: fn(&memsnap_replay::BlockLifetime) -> Option<u32>| -> Vec<(u32, u64)> {
+        of.iter().filter_map(|&bi| event(&blocks[bi]).map(|e| (e, blocks[bi].size))).collect()
+    };
+    let kept_made = at(&g.blocks, |b| b.alloc_event());
+    let made = events([kept_made.as_slice(), &at(&g.evicted_blocks, |b| b.alloc_event())].concat());
+    let kept = events(kept_made);
+    let let_go = events([at(&g.evicted_blocks, |b| b.freed_at()), at(&replaced, |b| b.freed_at())].concat());
     // Number and bytes of `v`'s entries before event `t`.
-    let before = |v: &[(u32, u64)], t: u32| {
+    let before = |v: &[(u32, i64)], t: u32| {
         let n = v.partition_point(|&(e, _)| e < t);
-        (n as i64, v[..n].iter().map(|&(_, size)| size as i64).sum::<i64>())
+        (n as i64, n.checked_sub(1).map_or(0, |i| v[i].1))
     };
     // What the line made minus what it let go (its own or others' it replaced), before `t`.
     let net_at = |t: u32| {
