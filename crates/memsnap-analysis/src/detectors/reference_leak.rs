@@ -707,7 +707,8 @@ fn rises_with_every_build(times: &[u32], measure: impl Fn(u32, u32) -> Option<u3
 fn at_capacity(cx: &Context, g: &Group, start: impl Fn(usize) -> Option<u32>) -> bool {
     let blocks = &cx.replay.blocks;
     let replaced = replaced_blocks(cx, g, &start);
-    if g.evicted_blocks.is_empty() && replaced.is_empty() {
+    let before_trace = let_go_from_before_the_trace(cx, g, &start);
+    if g.evicted_blocks.is_empty() && replaced.is_empty() && before_trace.is_empty() {
         return false;
     }
     // The events of the long-lived blocks made, let go and kept to the end, in order, with the
@@ -729,7 +730,10 @@ fn at_capacity(cx: &Context, g: &Group, start: impl Fn(usize) -> Option<u32>) ->
     let kept_made = at(&g.blocks, |b| b.alloc_event());
     let made = events([kept_made.as_slice(), &at(&g.evicted_blocks, |b| b.alloc_event())].concat());
     let kept = events(kept_made);
-    let let_go = events([at(&g.evicted_blocks, |b| b.freed_at()), at(&replaced, |b| b.freed_at())].concat());
+    let let_go = events(
+        [at(&g.evicted_blocks, |b| b.freed_at()), at(&replaced, |b| b.freed_at()), at(&before_trace, |b| b.freed_at())]
+            .concat(),
+    );
     // Number and bytes of `v`'s entries before event `t`.
     let before = |v: &[(u32, i64)], t: u32| {
         let n = v.partition_point(|&(e, _)| e < t);
@@ -743,7 +747,7 @@ fn at_capacity(cx: &Context, g: &Group, start: impl Fn(usize) -> Option<u32>) ->
     let Some(last) = g.kept.last().and_then(|&k| start(k)) else { return false };
     let (count, bytes) = net_at(last);
     let (kept_by_last, kept_bytes_by_last) = before(&kept, last);
-    let earlier = g.kept.len().saturating_sub(cx.thresholds.min_leak_occurrences);
+    let earlier = (g.kept.len() + 1).saturating_sub(cx.thresholds.min_leak_occurrences);
     g.kept[..earlier].iter().filter_map(|&k| start(k)).any(|t| {
         let (n, b) = net_at(t);
         let (kept_by_t, kept_bytes_by_t) = before(&kept, t);
@@ -796,6 +800,61 @@ fn replaced_blocks(cx: &Context, g: &Group, start: &impl Fn(usize) -> Option<u32
             })
         })
         .collect()
+}
+
+/// Blocks made before the trace that group `g`'s cache let go in it: freed where nothing made in
+/// the trace is freed but the group's own let-go blocks (the same free stack), of a size the
+/// group makes, in at least `min_leak_occurrences` of its occurrences. Empty otherwise.
+///
+/// Mechanism: a trace that starts mid-run (a ring of `max_entries` that wrapped, or recording
+/// started late) begins with a full cache's entries already made; for every entry it makes and
+/// keeps, it evicts one of those, and a block made before the trace has no allocation stack to
+/// name the line. What frees them is on the free's own stack (`context="all"` records it): the
+/// eviction's line (`popitem`, a deque's `append`), where no other tensor of the trace is let
+/// go, at a steady pace, one or a few per occurrence. A leak lets nothing go; the tensors in
+/// flight when the trace began (a pass's activations) are freed once, in its first occurrence,
+/// and where other tensors die too. Frees recorded without stacks (`context="alloc"`) share the
+/// empty stack with every other free and are never counted.
+fn let_go_from_before_the_trace(cx: &Context, g: &Group, start: &impl Fn(usize) -> Option<u32>) -> Vec<usize> {
+    let blocks = &cx.replay.blocks;
+    let free_stack = |b: &memsnap_replay::BlockLifetime| {
+        b.freed_at().and_then(|f| cx.events.get(f as usize)).map(|e| e.stack).filter(|&s| s != StackId::EMPTY)
+    };
+    let sizes: FxHashSet<u64> = g.blocks.iter().chain(&g.evicted_blocks).map(|&bi| blocks[bi].size).collect();
+    let own: FxHashSet<usize> = g.evicted_blocks.iter().copied().collect();
+    // Free stacks of blocks made before the trace, of the group's sizes; then those where a block
+    // made in the trace, not the group's own let-go, is freed too.
+    let mut candidates: Vec<(usize, StackId)> = Vec::new();
+    let mut stacks: FxHashSet<StackId> = FxHashSet::default();
+    for (bi, b) in blocks.iter().enumerate() {
+        if b.alloc_event().is_none() && sizes.contains(&b.size) {
+            if let Some(s) = free_stack(b) {
+                candidates.push((bi, s));
+                stacks.insert(s);
+            }
+        }
+    }
+    if candidates.is_empty() {
+        return Vec::new();
+    }
+    let shared: FxHashSet<StackId> = blocks
+        .iter()
+        .enumerate()
+        .filter(|&(bi, b)| b.alloc_event().is_some() && !own.contains(&bi))
+        .filter_map(|(_, b)| free_stack(b).filter(|s| stacks.contains(s)))
+        .collect();
+    let let_go: Vec<usize> = candidates.into_iter().filter(|(_, s)| !shared.contains(s)).map(|(bi, _)| bi).collect();
+    // The occurrences they were let go in (the last whose start is at or before the free).
+    let starts: Vec<u32> = g.eligible.iter().filter_map(|&k| start(k)).collect();
+    let occurrences: BTreeSet<usize> = let_go
+        .iter()
+        .filter_map(|&bi| blocks[bi].freed_at())
+        .filter_map(|f| starts.partition_point(|&s| s <= f).checked_sub(1))
+        .collect();
+    if occurrences.len() < cx.thresholds.min_leak_occurrences {
+        return Vec::new();
+    }
+    let_go
 }
 
 /// The most a full cache's tensors alive may rise, as a share of the tensors it made and kept
