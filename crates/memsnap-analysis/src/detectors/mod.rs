@@ -329,9 +329,8 @@ impl Context<'_> {
     }
 
     /// Kept backward-allocated blocks, grouped by backward line, with whether they look like
-    /// parameter gradients: one per parameter each step, so at least
-    /// `min_gradients_per_step` blocks per step of two or more parameter sizes, at least half of
-    /// the group's bytes in blocks of parameter sizes.
+    /// parameter gradients kept step after step ([`Context::looks_like_gradients`]), once the
+    /// current gradients are left out ([`Context::gradient_generations`]).
     pub fn kept_backward_groups(&self) -> &[BackwardGroup] {
         self.kept_backward.get_or_init(|| self.group_kept_backward())
     }
@@ -472,14 +471,76 @@ impl Context<'_> {
             }
             g.bytes += b.size;
         }
+        let last = self.phases.iteration_count().checked_sub(1);
         for g in &mut groups {
-            let per_step = g.blocks.len() as u64 / g.kept_iterations.len().max(1) as u64;
-            g.gradient_like = per_step >= self.thresholds.min_gradients_per_step
-                && g.sizes.len() >= 2
-                && g.param_sized_bytes * 2 >= g.bytes;
+            if !self.looks_like_gradients(&g.blocks) {
+                continue;
+            }
+            // Without the gradients of the last `generations` iterations (see below).
+            let generations = self.gradient_generations(g.line);
+            let earlier: Vec<usize> = g
+                .blocks
+                .iter()
+                .copied()
+                .filter(|&bi| {
+                    self.iteration_of(&self.replay.blocks[bi]).zip(last).is_some_and(|(it, last)| it + generations <= last)
+                })
+                .collect();
+            g.gradient_like = self.looks_like_gradients(&earlier);
         }
         groups.sort_by_key(|g| g.line);
         groups
+    }
+
+    /// Whether kept backward blocks look like parameter gradients: at least
+    /// `min_gradients_per_step` per iteration they come from, of two or more parameter sizes,
+    /// at least half of their bytes in blocks of parameter sizes.
+    fn looks_like_gradients(&self, blocks: &[usize]) -> bool {
+        let (mut bytes, mut param_sized_bytes) = (0u64, 0u64);
+        let mut iterations = BTreeSet::new();
+        let mut sizes = BTreeSet::new();
+        for &bi in blocks {
+            let b = &self.replay.blocks[bi];
+            bytes += b.size;
+            iterations.extend(self.iteration_of(b));
+            if self.param_sizes.contains(&b.size) {
+                param_sized_bytes += b.size;
+                sizes.insert(b.size);
+            }
+        }
+        let per_step = blocks.len() as u64 / iterations.len().max(1) as u64;
+        per_step >= self.thresholds.min_gradients_per_step && sizes.len() >= 2 && param_sized_bytes * 2 >= bytes
+    }
+
+    /// For how many iterations a parameter's gradient from backward line `line` lives in this
+    /// program (at least 1): the median over the parameter-sized blocks of that line the trace
+    /// saw made and freed, in iterations from the one that made it to the one that freed it.
+    ///
+    /// Mechanism. A gradient lives from the backward that makes it to the `zero_grad` that drops
+    /// it, and the last ones are alive at the end in every program, held in `.grad`: one
+    /// iteration's in a plain loop, but as many as there are models trained in turn, each with
+    /// its own backward and `zero_grad` (an ensemble's members: d03), or micro-batches whose
+    /// gradients accumulate before one step. Those made in the last that many iterations are
+    /// current gradients, not kept ones; counted as kept, they made one tensor per step of a
+    /// parameter's size (a hook's `grad_output`: y06) read as gradients once the trace held few
+    /// steps (y06's last 50%: 13 blocks over 3 steps, 10 of them the last step's `.grad`s), and
+    /// an ensemble's last round read as gradients kept step after step (d03's last 20%). Kept
+    /// gradients are never freed, so they do not lengthen the median.
+    fn gradient_generations(&self, line: Option<FrameId>) -> usize {
+        let mut lives: Vec<usize> = self
+            .replay
+            .blocks
+            .iter()
+            .filter(|b| b.freed_at().is_some() && self.param_sizes.contains(&b.size))
+            .filter(|b| matches!(self.attr(b), Attr::Backward(l) if l == line))
+            .filter_map(|b| {
+                let made = self.iteration_of(b)?;
+                let freed = self.phases.iteration_of(b.freed_at()?)?;
+                Some(freed.saturating_sub(made))
+            })
+            .collect();
+        lives.sort_unstable();
+        lives.get(lives.len().saturating_sub(1) / 2).copied().unwrap_or(1).max(1)
     }
 
     /// Iterations in which a backward launched at `line` ran.
