@@ -329,8 +329,8 @@ impl Context<'_> {
     }
 
     /// Kept backward-allocated blocks, grouped by backward line, with whether they look like
-    /// parameter gradients kept step after step ([`Context::looks_like_gradients`]), once the
-    /// current gradients are left out ([`Context::gradient_generations`]).
+    /// parameter gradients kept step after step (`looks_like_gradients`), once the
+    /// current gradients are left out (`gradient_generations`).
     pub fn kept_backward_groups(&self) -> &[BackwardGroup] {
         self.kept_backward.get_or_init(|| self.group_kept_backward())
     }
