@@ -817,7 +817,11 @@ fn replaced_blocks(cx: &Context, g: &Group, start: &impl Fn(usize) -> Option<u32
 /// or a few per occurrence; of sizes the trace's part of the run may not have made (documents
 /// of many lengths: s01). A leak lets nothing go; the tensors in flight when the trace began (a
 /// pass's activations) are freed once, in its first occurrence. Frees recorded without stacks
-/// (`context="alloc"`) share the empty stack with every other free and are never counted.
+/// (`context="state"`, `stacks=None`) share the empty stack with every other free and are never
+/// counted. With `context="alloc"` a free carries its block's allocation stack
+/// (`phases::free_stacks_are_alloc_stacks`): a block made before the trace is then let go at the
+/// stack that made it, and the same test asks that no other block of those sizes made in the
+/// trace die with that stack.
 /// Measured on every fixture cut to its last 70, 50, 35, 20 and 10% of trace entries (a ring
 /// that wrapped): clean programs read as leaking went from 5, 10 (at 50, 20%) to 0, 1.
 fn let_go_from_before_the_trace(cx: &Context, g: &Group, start: &impl Fn(usize) -> Option<u32>) -> Vec<usize> {
