@@ -126,6 +126,8 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
     let mut open_forward: Option<ForwardPass> = None;
     let mut open_opt: Option<Span> = None;
     let free_stacks_from_alloc = free_stacks_are_alloc_stacks(events);
+    // With `free_stacks_from_alloc`: the addresses the open forward pass allocated.
+    let mut open_forward_blocks: rustc_hash::FxHashSet<u64> = Default::default();
 
     for (i, e) in events.iter().enumerate() {
         let i = i as u32;
@@ -137,7 +139,17 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
             // forward pass that allocated the block running again: inside a backward pass it
             // would end the backward window and stretch that forward pass over it. The program
             // position is unknown at such a free, so it belongs to whatever window is open, like
-            // a frameless event.
+            // a frameless event; but the free of a block the open forward pass allocated, before
+            // anything outside the pass allocates, is that pass letting its intermediates go as
+            // it runs on and returns (a no-grad layer frees its input once its output is made;
+            // free-time stacks, `context="all"`, show these frees inside the pass). Without
+            // them the pass would end at its last allocation and what it freed after would
+            // read as outliving it: saved tensors of a grad-on pass (q33's no-grad rollouts).
+            if let Some(f) = open_forward.as_mut() {
+                if open_forward_blocks.contains(&e.addr) {
+                    f.span.end = i + 1;
+                }
+            }
             continue;
         }
         let info = stacks.get(e.stack);
@@ -164,11 +176,18 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
                     f.span.end = i + 1;
                     if e.action() == Action::Alloc {
                         f.last_alloc = Some(i);
+                        if free_stacks_from_alloc {
+                            open_forward_blocks.insert(e.addr);
+                        }
                     }
                 }
                 _ => {
                     if let Some(f) = open_forward.take() {
                         forwards.push(f);
+                    }
+                    open_forward_blocks.clear();
+                    if free_stacks_from_alloc && e.action() == Action::Alloc {
+                        open_forward_blocks.insert(e.addr);
                     }
                     let last_alloc = (e.action() == Action::Alloc).then_some(i);
                     open_forward = Some(ForwardPass {

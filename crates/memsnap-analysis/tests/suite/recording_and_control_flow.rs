@@ -157,3 +157,29 @@ fn cache_dropped_per_helper_call_is_clean() {
     serve(&mut p, 5, 8, false);
     assert_no_suspects(&analyze_snapshot(&p.t.finish()));
 }
+
+/// A no-grad evaluation that keeps every pass's logits, recorded with `context="alloc"`: a
+/// no-grad layer frees its input once its output is made, so the pass's last free (the final
+/// norm's output, freed after the logits are allocated) comes after its last allocation, with the
+/// allocation's stack. It belongs to the pass: read without it, the pass ended at the logits
+/// and the norm's output outlived it, as a grad-on pass's saved tensor would (q33's rollouts,
+/// recorded this way, read as `no_grad_missing`). Same passes and suspects as with free-time
+/// stacks.
+#[test]
+fn context_alloc_frees_keep_no_grad_passes_no_grad() {
+    let build = || {
+        let mut p = Program::new(2);
+        train(&mut p, Train::default());
+        validate(&mut p, 6, Grad::NoGrad, true);
+        p.t.finish()
+    };
+    let plain = analyze_snapshot(&build());
+    let alloc = analyze_snapshot(&as_context_alloc(build()));
+    let kinds = |a: &memsnap_analysis::Analysis| a.suspects().iter().map(|s| (s.kind, s.site.clone())).collect::<Vec<_>>();
+    assert_eq!(kinds(&alloc), kinds(&plain), "{}", describe(&alloc));
+    assert_none_of(&alloc, SuspectKind::NoGradMissing);
+    let spans = |a: &memsnap_analysis::Analysis| {
+        a.devices[0].trace_phases.forwards.iter().map(|f| (f.span.start, f.span.end)).collect::<Vec<_>>()
+    };
+    assert_eq!(spans(&alloc), spans(&plain));
+}
