@@ -483,7 +483,9 @@ impl Context<'_> {
                 .iter()
                 .copied()
                 .filter(|&bi| {
-                    self.iteration_of(&self.replay.blocks[bi]).zip(last).is_some_and(|(it, last)| it + generations <= last)
+                    self.iteration_of(&self.replay.blocks[bi])
+                        .zip(last)
+                        .is_some_and(|(it, last)| it + generations <= last)
                 })
                 .collect();
             g.gradient_like = self.looks_like_gradients(&earlier);

@@ -175,7 +175,8 @@ fn context_alloc_frees_keep_no_grad_passes_no_grad() {
     };
     let plain = analyze_snapshot(&build());
     let alloc = analyze_snapshot(&as_context_alloc(build()));
-    let kinds = |a: &memsnap_analysis::Analysis| a.suspects().iter().map(|s| (s.kind, s.site.clone())).collect::<Vec<_>>();
+    let kinds =
+        |a: &memsnap_analysis::Analysis| a.suspects().iter().map(|s| (s.kind, s.site.clone())).collect::<Vec<_>>();
     assert_eq!(kinds(&alloc), kinds(&plain), "{}", describe(&alloc));
     assert_none_of(&alloc, SuspectKind::NoGradMissing);
     let spans = |a: &memsnap_analysis::Analysis| {
