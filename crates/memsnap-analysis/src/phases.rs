@@ -390,7 +390,11 @@ pub fn free_stacks_are_alloc_stacks(events: &[TraceEvent]) -> bool {
             Action::Alloc => {
                 alloc_stack.insert(e.addr, e.stack);
             }
-            Action::FreeRequested => {
+            // The first free of the block: its request, or its completion in a trace recorded
+            // without requests (`skip_actions=["free_requested"]`; k01, recorded with
+            // `context="alloc"`, read so as free-time stacks had the backward's frees of saved
+            // tensors run the forward pass again: 32 passes, none trained, a retained graph).
+            Action::FreeRequested | Action::FreeCompleted => {
                 if let Some(s) = alloc_stack.remove(&e.addr) {
                     matched += 1;
                     equal += u32::from(s == e.stack);
@@ -406,19 +410,21 @@ pub fn free_stacks_are_alloc_stacks(events: &[TraceEvent]) -> bool {
 }
 
 /// Does the backward pass free a block that the forward pass allocated and that was still
-/// allocated when the backward began?
+/// allocated when the backward began? A block's free is its first free event: the request, or
+/// the completion in a trace recorded without requests (`skip_actions=["free_requested"]`).
 fn backward_frees_pass(events: &[TraceEvent], pass: Span, backward: Span) -> bool {
     let mut live = std::collections::HashSet::new();
     for i in pass.start..backward.end.min(events.len() as u32) {
         let e = &events[i as usize];
+        let free = matches!(e.action(), Action::FreeRequested | Action::FreeCompleted);
         match e.action() {
             Action::Alloc if pass.contains(i) => {
                 live.insert(e.addr);
             }
-            Action::FreeRequested if i < backward.start => {
+            _ if free && i < backward.start => {
                 live.remove(&e.addr);
             }
-            Action::FreeRequested if backward.contains(i) && live.contains(&e.addr) => return true,
+            _ if free && backward.contains(i) && live.contains(&e.addr) => return true,
             _ => {}
         }
     }

@@ -184,3 +184,29 @@ fn context_alloc_frees_keep_no_grad_passes_no_grad() {
     };
     assert_eq!(spans(&alloc), spans(&plain));
 }
+
+/// What `_record_memory_history(skip_actions=["free_requested"])` records: frees only as they
+/// complete.
+fn without_free_requests(mut snap: Snapshot) -> Snapshot {
+    for t in &mut snap.traces {
+        t.events.retain(|e| e.action() != memsnap_model::Action::FreeRequested);
+    }
+    snap
+}
+
+/// A clean training loop recorded with `context="alloc"` and without `free_requested` entries:
+/// the frees are seen only as completions, which carry the allocation's stacks. They must still
+/// tell that the stacks are the allocations' (else the backward's frees of the saved tensors
+/// read as the forward pass running again, as k01 read so: 32 passes, none trained, its saved
+/// tensors "never freed", a retained graph).
+#[test]
+fn frees_seen_as_completions_keep_training_passes_trained() {
+    let mut p = Program::new(2);
+    train(&mut p, Train::default());
+    validate(&mut p, 3, Grad::NoGrad, false);
+    let a = analyze_snapshot(&without_free_requests(as_context_alloc(p.t.finish())));
+    assert_no_suspects(&a);
+    let d = &a.devices[0];
+    assert_eq!(d.phases.backward_passes, 6, "{}", describe(&a));
+    assert_eq!(d.phases.eval_windows.len(), 1, "{}", describe(&a));
+}
