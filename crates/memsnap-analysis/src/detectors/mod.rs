@@ -465,11 +465,8 @@ impl Context<'_> {
             g.blocks.push(bi);
             g.kept_iterations.insert(it);
             if self.param_sizes.contains(&b.size) {
-                g.param_sized += 1;
-                g.param_sized_bytes += b.size;
                 g.sizes.insert(b.size);
             }
-            g.bytes += b.size;
         }
         let last = self.phases.iteration_count().checked_sub(1);
         for g in &mut groups {
@@ -572,9 +569,7 @@ pub struct BackwardGroup {
     pub line: Option<FrameId>,
     pub blocks: Vec<usize>,
     pub kept_iterations: BTreeSet<usize>,
-    pub bytes: u64,
-    pub param_sized: u64,
-    pub param_sized_bytes: u64,
+    /// The parameter sizes among its blocks' sizes.
     pub sizes: BTreeSet<u64>,
     pub gradient_like: bool,
 }

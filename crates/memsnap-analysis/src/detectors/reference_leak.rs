@@ -830,13 +830,7 @@ fn let_go_from_before_the_trace(cx: &Context, g: &Group, start: &impl Fn(usize) 
         b.freed_at().and_then(|f| cx.events.get(f as usize)).map(|e| e.stack).filter(|&s| s != StackId::EMPTY)
     };
     // The range of the group's sizes (see above).
-    let (lo, hi) = g
-        .blocks
-        .iter()
-        .chain(&g.evicted_blocks)
-        .map(|&bi| blocks[bi].size)
-        .fold((u64::MAX, 0), |(lo, hi), s| (lo.min(s), hi.max(s)));
-    let sizes = lo..=hi;
+    let Some(sizes) = size_range(cx, g.blocks.iter().chain(&g.evicted_blocks)) else { return Vec::new() };
     let own: FxHashSet<usize> = g.evicted_blocks.iter().copied().collect();
     // Free stacks of blocks made before the trace, of the group's sizes; then those where a block
     // of such a size made in the trace, not the group's own let-go, is freed too.
@@ -869,6 +863,15 @@ fn let_go_from_before_the_trace(cx: &Context, g: &Group, start: &impl Fn(usize) 
         return Vec::new();
     }
     let_go
+}
+
+/// From the smallest to the largest size of `blocks` (indices into the replay's blocks); `None`
+/// for none.
+fn size_range<'b>(cx: &Context, blocks: impl IntoIterator<Item = &'b usize>) -> Option<std::ops::RangeInclusive<u64>> {
+    let mut sizes = blocks.into_iter().map(|&bi| cx.replay.blocks[bi].size);
+    let first = sizes.next()?;
+    let (lo, hi) = sizes.fold((first, first), |(lo, hi), s| (lo.min(s), hi.max(s)));
+    Some(lo..=hi)
 }
 
 /// The most a full cache's tensors alive may rise, as a share of the tensors it made and kept
@@ -959,8 +962,7 @@ fn loop_went_on_without_the_model(cx: &Context, own_line: Option<FrameId>, units
 /// have made a one-off block that stays for good (the cuBLAS workspace of the first matmul, 32
 /// MiB, k10, beside 1 MiB kept maps), which no reference of the user's keeps.
 fn made_before_trace(cx: &Context, line: FrameId, origin: LeakOrigin, kept: &[usize]) -> Option<BeforeTrace> {
-    let sizes = kept.iter().map(|&bi| cx.replay.blocks[bi].size);
-    let (smallest, largest) = (sizes.clone().min()?, sizes.max()?);
+    let sizes = size_range(cx, kept)?;
     let user_code = |info: &crate::stacks::StackInfo| {
         !info.forward && !info.optimizer && !info.backward_launch && !info.construction && info.site == Some(line)
     };
@@ -981,7 +983,7 @@ fn made_before_trace(cx: &Context, line: FrameId, origin: LeakOrigin, kept: &[us
         .filter(|b| {
             b.alloc_event().is_none()
                 && b.freed_at().is_none()
-                && (smallest..=largest).contains(&b.size)
+                && sizes.contains(&b.size)
                 && matches(&cx.stacks.get(b.stack))
         })
         .fold((0u64, 0u64), |(n, s), b| (n + 1, s + b.size));
