@@ -124,6 +124,11 @@ pub enum GraphHold {
     /// Training passes whose backward the program skipped (`UnitFate::Abandoned`: an exception or
     /// a `continue` between forward and backward), and a reference keeps their graphs.
     SkippedBackward,
+    /// Read from the dump alone (no trace, or one without stacks): the blocks alive at the dump
+    /// were made inside the model call by many different operations, several passes' worth
+    /// each, which is what autograd saves for a backward (`detectors/state_only.rs`). Which
+    /// reference keeps the graphs, and whether a backward ran, the file cannot say.
+    SeenAtDump,
 }
 
 /// Where the tensors of a reference leak come from.
@@ -238,8 +243,10 @@ pub struct BeforeTrace {
 pub enum Evidence {
     RetainedGraph {
         hold: GraphHold,
-        /// Forward passes whose graphs were held.
-        graphs: usize,
+        /// Forward passes whose graphs were held; read from the dump alone
+        /// (`GraphHold::SeenAtDump`), the iterations of the trace the held blocks were made in,
+        /// and `None` when the file has no iterations to count them by.
+        graphs: Option<usize>,
         /// Of their blocks, those autograd saved that outlived the point where the graph should
         /// have been freed.
         held_blocks: u64,
@@ -251,6 +258,10 @@ pub enum Evidence {
         root: Option<Site>,
         /// Lines inside the model whose saved tensors are held, largest first (up to 3).
         held_lines: Vec<Site>,
+        /// Read from the dump alone (`GraphHold::SeenAtDump`): the operations inside the model
+        /// call whose blocks are alive several times each. Absent otherwise.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        operations: Option<usize>,
     },
     NoGradMissing {
         /// Forward passes no backward consumed, and evaluation windows they form.

@@ -442,7 +442,7 @@ fn analyze_device(
         retained_held: Default::default(),
     };
     let suspects = detectors::detect(&cx);
-    caveats.extend(detectors::reference_leak::state_working_sets(&cx).into_iter().map(|(line, blocks, bytes, parts)| {
+    caveats.extend(detectors::state_only::state_working_sets(&cx).into_iter().map(|(line, blocks, bytes, parts)| {
         format!(
             "{} alive at the dump ({}) come from {}, yet the trace shows them all made in {} of its {} equal parts: they did not accumulate while the rest of the trace ran (a working set still held, such as the last request's cache), so they are not reported as a leak",
             memsnap_model::plural(blocks as u64, "block", "blocks"),
@@ -452,7 +452,7 @@ fn analyze_device(
             thresholds.min_leak_occurrences
         )
     }));
-    if let Some((blocks, bytes)) = detectors::reference_leak::state_kv_cache(&cx) {
+    if let Some((blocks, bytes)) = detectors::state_only::state_kv_cache(&cx) {
         caveats.push(format!(
             "{} alive at the dump ({}) hold transformers' KV cache (`cache_utils.py`): without a trace that says when they were made, one generation's cache cannot be told from caches kept across requests, so they are not read as a leak; record with a trace (`_record_memory_history(enabled=\"all\")`) to tell",
             memsnap_model::plural(blocks as u64, "block", "blocks"),

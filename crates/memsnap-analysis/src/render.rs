@@ -50,13 +50,13 @@ fn numbers(s: &Suspect, peak: u64) -> String {
 pub fn evidence(s: &Suspect, peak: u64) -> String {
     let tail = numbers(s, peak);
     match &s.facts {
-        Evidence::RetainedGraph { hold, graphs, held_blocks, forward_call, backward_line, root, held_lines } => {
+        Evidence::RetainedGraph { hold, graphs, held_blocks, forward_call, backward_line, root, held_lines, operations } => {
             let lines = if held_lines.is_empty() {
                 String::new()
             } else {
                 format!(", saved at {}", held_lines.iter().map(|l| l.short()).collect::<Vec<_>>().join(", "))
             };
-            let n = *graphs as u64;
+            let n = graphs.unwrap_or_default() as u64;
             let held = plural(*held_blocks, "saved tensor", "saved tensors");
             // The words of a hold a reference keeps: "their graphs (N saved tensors, saved at …)
             // were" still alive, so a reference keeps "them, rooted at …".
@@ -71,7 +71,7 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
                 GraphHold::RetainedByBackward => format!(
                     "The backward pass at {} ran right after {} (called at {}) and freed none of {} {}{}: the graph was kept (`retain_graph=True`).",
                     site(backward_line),
-                    if n == 1 { forward_passes(*graphs) } else { format!("each of {}", forward_passes(*graphs)) },
+                    if n == 1 { forward_passes(graphs.unwrap_or_default()) } else { format!("each of {}", forward_passes(graphs.unwrap_or_default())) },
                     site(forward_call),
                     agree(n, "its", "their"),
                     held,
@@ -80,7 +80,7 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
                 GraphHold::RetainedThenKept => format!(
                     "The backward pass at {} ran right after {} (called at {}) and kept {} (`retain_graph=True`, or `create_graph=True`), and another backward went through the same {} before any other pass ran, so that was needed; yet {} still alive after the step, so a reference keeps {}.",
                     site(backward_line),
-                    if n == 1 { forward_passes(*graphs) } else { format!("each of {}", forward_passes(*graphs)) },
+                    if n == 1 { forward_passes(graphs.unwrap_or_default()) } else { format!("each of {}", forward_passes(graphs.unwrap_or_default())) },
                     site(forward_call),
                     agree(n, "its graph", "their graphs"),
                     agree(n, "graph", "graphs"),
@@ -89,22 +89,30 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
                 ),
                 GraphHold::KeptReference => format!(
                     "{} called at {} ran with grad enabled and no backward; {} still alive two passes later, so a reference keeps {}.",
-                    forward_passes(*graphs),
+                    forward_passes(graphs.unwrap_or_default()),
                     site(forward_call),
                     still_alive,
                     kept
                 ),
                 GraphHold::SkippedBackward => format!(
                     "{} called at {} ran with grad enabled, between passes of the same code that a backward consumed, and {} backward never ran (the step left between forward and backward: an exception, a `continue`); {} still alive two passes later, so a reference keeps {}.",
-                    forward_passes(*graphs),
+                    forward_passes(graphs.unwrap_or_default()),
                     site(forward_call),
                     agree(n, "its", "their"),
                     still_alive,
                     kept
                 ),
+                GraphHold::SeenAtDump => format!(
+                    "{} alive at the dump were made by {} different operations inside the model call at {}{}, each several times{}: what autograd saves for a backward, so the graphs of several passes are alive, and a reference to a tensor that carries them (a loss or an output kept without `.item()` / `.detach()`) keeps them. This is read from the dump alone (the trace has no stacks, as with `context=\"state\"`, or there is no trace), so which reference keeps them, and whether a backward ran, the file cannot say.",
+                    plural(*held_blocks, "block", "blocks"),
+                    operations.unwrap_or_default(),
+                    site(forward_call),
+                    lines,
+                    graphs.map_or(String::new(), |k| format!(", in {}", plural(k as u64, "iteration", "iterations"))),
+                ),
                 GraphHold::AwaitingBackward => format!(
                     "{} called at {} built {} ({}{}) for a backward that had not run when the trace ended{}.",
-                    forward_passes(*graphs),
+                    forward_passes(graphs.unwrap_or_default()),
                     site(forward_call),
                     agree(n, "a graph", "graphs"),
                     held,
@@ -304,6 +312,7 @@ pub fn advice(s: &Suspect) -> String {
         Evidence::RetainedGraph { hold: GraphHold::RetainedThenKept, .. } => "Keeping the graph is needed here (a second backward goes through it), but it must go once the step's last backward ran: store what you log or reuse without its history (`losses.append(loss.detach())`, `loss.item()`), or `del` the tensors that hold it before the next step.".into(),
         Evidence::RetainedGraph { hold: GraphHold::KeptReference, .. } => "Keep numbers, not tensors with history: `losses.append(loss.item())`, `total += loss.item()`, `outs.append(out.detach().cpu())`; and run evaluation under `torch.no_grad()` so no graph is built.".into(),
         Evidence::RetainedGraph { hold: GraphHold::SkippedBackward, .. } => "Let go of a skipped step's tensors: keep `str(e)` or `e.with_traceback(None)`, not the caught exception (its traceback holds the frames whose locals hold the loss and outputs), and `del` or `.item()` the loss and outputs before skipping; `no_grad` is not the fix, this code path trains.".into(),
+        Evidence::RetainedGraph { hold: GraphHold::SeenAtDump, .. } => "Keep numbers or detached tensors, not tensors with history: `losses.append(loss.item())`, `outs.append(out.detach())`; run evaluation under `torch.no_grad()`; drop `retain_graph=True` where no second backward follows. To see which line keeps the graphs, record with stacks on the trace (`_record_memory_history(enabled=\"all\", context=\"all\")`).".into(),
         Evidence::RetainedGraph { hold: GraphHold::AwaitingBackward, .. } => "Each kept loss holds its whole graph until the backward runs: call `backward()` per micro-batch (gradients accumulate in `.grad`) instead of collecting losses, or run fewer micro-batches per step.".into(),
         Evidence::NoGradMissing { reached_from: Some(r), .. } => format!("Wrap the evaluation at {} in `with torch.no_grad():` (or `torch.inference_mode()`, or decorate its function with `@torch.no_grad()`), not the shared model call, which training needs with grad; keep only detached results: `preds.append(out.argmax(-1).cpu())`, `losses.append(loss.item())`.", r.short()),
         Evidence::NoGradMissing { .. } => "Wrap the whole evaluation loop in `with torch.no_grad():` (or `torch.inference_mode()`), not just the model call, and keep only detached results: `preds.append(out.argmax(-1).cpu())`, `losses.append(loss.item())`.".into(),

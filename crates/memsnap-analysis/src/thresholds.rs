@@ -85,6 +85,14 @@ pub struct Thresholds {
     /// holds many blocks of one kind at dump time (not parameters, optimizer state or gradients)
     /// is what a cache or a list of outputs looks like.
     pub state_min_same_site_blocks: u64,
+    /// Different operations inside one model call whose blocks are each alive at least
+    /// `min_leak_occurrences` times at the dump that make a state-only group kept graphs rather
+    /// than kept outputs (5): autograd saves tensors of most operations of a pass (matmul inputs,
+    /// activation outputs, dropout masks, norm statistics), while a hook, a returned
+    /// `hidden_states` tuple or a cache keeps one operation's output per layer. Five leaves out
+    /// a block that keeps two or three tensors per layer (an attention map and an output) and
+    /// takes a transformer or CNN whose graphs are kept (most keep ten or more).
+    pub state_graph_min_ops: u64,
     /// Confidence ceiling of a suspect that rests on the dump-time state alone (0.5).
     pub state_only_confidence: f64,
     /// Fragmentation: inactive split bytes at least this large (32 MiB)...
@@ -128,6 +136,7 @@ impl Thresholds {
         min_gradients_per_step: 2,
         grad_waste_share: 0.01,
         state_min_same_site_blocks: 8,
+        state_graph_min_ops: 5,
         state_only_confidence: 0.5,
         fragmentation_min_split_bytes: 32 << 20,
         fragmentation_min_split_share: 0.3,

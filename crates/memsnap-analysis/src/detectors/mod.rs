@@ -17,6 +17,7 @@ mod no_grad_missing;
 mod oom;
 pub(crate) mod reference_leak;
 mod retained_graph;
+pub(crate) mod state_only;
 mod unreleased_gradient;
 
 use std::collections::BTreeSet;

@@ -16,7 +16,8 @@
 //!   see `regrown`): one block alive at a time, growing;
 //!
 //! and they must come from `min_leak_occurrences` occurrences or more (a leak repeats).
-//! With no trace at all (state-only recordings) it reads the dump: many live blocks from one line.
+//! With no trace at all, or one without stacks, it reads the dump (`state_only`): many live blocks
+//! from one line.
 //! Near misses: the last step's tensors alive at the dump; a bounded cache that evicts.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -25,7 +26,7 @@ use memsnap_model::{Action, FrameId, StackId};
 use rayon::prelude::*;
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use super::{Context, Detector, Finding};
+use super::{state_only, Context, Detector, Finding};
 use crate::attribution::Attr;
 use crate::evidence::{BeforeTrace, Evidence, LeakOrigin, Occurrence, Severity, SuspectKind};
 use crate::lifecycle::{BlockFate, UnitFate};
@@ -167,15 +168,17 @@ impl Detector for ReferenceLeak {
     fn detect(&self, cx: &Context) -> Vec<Finding> {
         // A state-only recording (`enabled="state"`) has no allocation in its trace, at most a
         // marker entry: only the dump can speak.
-        if !cx.traced {
-            return state_only(cx, LeakOrigin::StateOnly);
-        }
         // A trace whose events carry no stacks while the dump's blocks do (recorded with
         // `context="state"`: the allocator keeps a stack only for blocks still allocated) cannot
         // place any event, but the dump can speak as in a state-only file, with each live
-        // block's stack read from the dump by its address.
-        if stacks_only_at_dump(cx) {
-            return state_only(cx, LeakOrigin::DumpStacksOnly);
+        // block's stack read from the dump by its address. Groups shaped like kept autograd
+        // graphs are `retained_graph`'s (see `state_only`).
+        if let Some(origin) = state_only::reading(cx) {
+            return state_only::groups(cx, origin)
+                .into_iter()
+                .filter(|g| g.graph.is_none())
+                .map(|g| state_only_finding(cx, origin, g))
+                .collect();
         }
         let lc = cx.lifecycle;
         // Kept outputs of no-grad passes counted per call of the helper that runs the model
@@ -1173,7 +1176,7 @@ fn regrown(cx: &Context, reported: &BTreeSet<Option<FrameId>>) -> Vec<Finding> {
 /// memory grows with the shapes of the work, which the snapshot shows; whether the schedule ever
 /// stops growing it does not.
 pub(crate) fn input_growth(cx: &Context) -> Vec<(FrameId, [u64; 2], [u64; 2])> {
-    if !cx.traced || stacks_only_at_dump(cx) {
+    if state_only::reading(cx).is_some() {
         return Vec::new();
     }
     let bs = &cx.replay.blocks;
@@ -1259,136 +1262,27 @@ fn chains(cx: &Context, reported: &BTreeSet<Option<FrameId>>) -> Vec<(FrameId, V
     out
 }
 
-/// Does this device's trace have allocations, none with a user frame, while some block alive at
-/// the dump has the dump's stack (`Context::dump_stacks`)?
-fn stacks_only_at_dump(cx: &Context) -> bool {
-    if cx.dump_stacks.is_empty() {
-        return false;
-    }
-    let allocs = || cx.events.iter().filter(|e| e.action() == memsnap_model::Action::Alloc);
-    if allocs().next().is_none() || allocs().any(|e| !cx.stacks.userless(e.stack)) {
-        return false;
-    }
-    let dev = cx.replay.device;
-    cx.replay.blocks.iter().any(|b| b.freed_at().is_none() && cx.dump_stacks.contains_key(&(dev, b.address)))
-}
-
-/// No trace (or one without stacks): live blocks at the dump grouped by the line that allocated
-/// them (the line that ran the model for model outputs), leaving out parameters, optimizer state
-/// and frameless blocks. A block's stack is the dump's where its own has no frames
-/// ([`crate::with_dump_stack`]).
-///
-/// With a trace whose events carry no stack (`context="state"`), the trace still says *when*
-/// each live block was made. A leak repeats: a group whose blocks were all made in the trace, yet
-/// in fewer than `min_leak_occurrences` of as many equal parts of it, did not accumulate while
-/// the rest of the trace ran: it is the working set the program held at the dump (the last
-/// request's KV cache, a cache made once), not growth ([`state_working_sets`], a caveat).
-fn state_only(cx: &Context, origin: LeakOrigin) -> Vec<Finding> {
-    state_groups(cx)
-        .into_iter()
-        .filter(|(_, (blocks, _))| origin != LeakOrigin::DumpStacksOnly || made_in_parts(cx, blocks).is_none())
-        .map(|(line, (blocks, stack))| Finding {
-            occurrences: 0,
-            kind: SuspectKind::ReferenceLeak,
-            severity: Severity::Leak,
-            confidence: cx.thresholds.state_only_confidence,
+/// A state-only group that is not shaped like kept graphs: many live blocks from one line.
+fn state_only_finding(cx: &Context, origin: LeakOrigin, g: state_only::Group) -> Finding {
+    Finding {
+        occurrences: 0,
+        kind: SuspectKind::ReferenceLeak,
+        severity: Severity::Leak,
+        confidence: cx.thresholds.state_only_confidence,
+        occurrence: Occurrence::Iteration,
+        boundaries: Vec::new(),
+        bytes: None,
+        site: Some(cx.site(g.line)),
+        stack: g.stack,
+        facts: Evidence::ReferenceLeak {
+            origin,
+            blocks: g.blocks.len() as u64,
+            occurrences: g.blocks.len(),
+            eligible: g.blocks.len(),
             occurrence: Occurrence::Iteration,
-            boundaries: Vec::new(),
-            bytes: None,
-            site: Some(cx.site(line)),
-            stack,
-            facts: Evidence::ReferenceLeak {
-                origin,
-                blocks: blocks.len() as u64,
-                occurrences: blocks.len(),
-                eligible: blocks.len(),
-                occurrence: Occurrence::Iteration,
-                made_at: None,
-                before_trace: None,
-            },
-            blocks,
-        })
-        .collect()
-}
-
-/// The state-only groups of at least `state_min_same_site_blocks` live blocks: line -> (blocks,
-/// the stack of the largest). Blocks of transformers' KV cache are left out: a model holds one
-/// key and one value tensor per layer while it decodes (a 32-layer model, 64 blocks from the
-/// line that runs it), so at a dump taken during or right after generation they are many
-/// blocks from one line, and a dump alone cannot tell one request's cache from caches kept
-/// across requests (n24; [`state_kv_cache`] says so in a caveat).
-fn state_groups(cx: &Context) -> BTreeMap<FrameId, (Vec<usize>, StackId)> {
-    let mut by: BTreeMap<FrameId, (Vec<usize>, StackId, u64)> = BTreeMap::new();
-    for (bi, b, stack) in live_blocks_with_stacks(cx) {
-        let info = cx.stacks.get(stack);
-        if info.construction || info.optimizer || info.backward_launch || info.recompute || info.kv_cache {
-            continue;
-        }
-        let Some(line) = info.forward_call.or(info.site) else { continue };
-        let e = by.entry(line).or_insert((Vec::new(), stack, 0));
-        e.0.push(bi);
-        if b.size > e.2 {
-            e.1 = stack;
-            e.2 = b.size;
-        }
+            made_at: None,
+            before_trace: None,
+        },
+        blocks: g.blocks,
     }
-    by.into_iter()
-        .filter(|(_, (blocks, _, _))| blocks.len() as u64 >= cx.thresholds.state_min_same_site_blocks)
-        .map(|(line, (blocks, stack, _))| (line, (blocks, stack)))
-        .collect()
-}
-
-/// KV-cache blocks alive at the dump that the state-only reading left out (see [`state_groups`]):
-/// `(blocks, bytes)`, when the file is read from its state alone (no trace, or one without
-/// stacks) and there are any.
-pub(crate) fn state_kv_cache(cx: &Context) -> Option<(usize, u64)> {
-    if cx.traced && !stacks_only_at_dump(cx) {
-        return None;
-    }
-    let (n, bytes) = live_blocks_with_stacks(cx)
-        .filter(|&(_, _, stack)| cx.stacks.get(stack).kv_cache)
-        .fold((0usize, 0u64), |(n, s), (_, b, _)| (n + 1, s + b.size));
-    (n > 0).then_some((n, bytes))
-}
-
-/// The blocks alive at the dump, with their stacks (the dump's where the block's own has no
-/// frames: [`crate::with_dump_stack`]), as the state-only reading sees them.
-fn live_blocks_with_stacks<'c>(
-    cx: &'c Context,
-) -> impl Iterator<Item = (usize, &'c memsnap_replay::BlockLifetime, StackId)> + 'c {
-    cx.replay
-        .blocks
-        .iter()
-        .enumerate()
-        .filter(|(_, b)| b.freed_at().is_none())
-        .map(|(bi, b)| (bi, b, crate::with_dump_stack(b, cx.replay.device, cx.dump_stacks).stack))
-}
-
-/// `Some(k)` when every block was made in the trace and they fall in only `k` (fewer than
-/// `min_leak_occurrences`) of as many equal parts of it, by event index.
-fn made_in_parts(cx: &Context, blocks: &[usize]) -> Option<usize> {
-    let n = cx.events.len() as u64;
-    let parts = cx.thresholds.min_leak_occurrences as u64;
-    if n == 0 || parts == 0 {
-        return None;
-    }
-    let made: Option<BTreeSet<u64>> =
-        blocks.iter().map(|&bi| cx.replay.blocks[bi].alloc_event().map(|a| a as u64 * parts / n)).collect();
-    made.filter(|m| (m.len() as u64) < parts).map(|m| m.len())
-}
-
-/// Groups that a trace without stacks shows to be a working set, not growth (see
-/// [`state_only`]): `(line, blocks, bytes, parts of the trace they were made in)`.
-pub(crate) fn state_working_sets(cx: &Context) -> Vec<(FrameId, usize, u64, usize)> {
-    if !cx.traced || !stacks_only_at_dump(cx) {
-        return Vec::new();
-    }
-    state_groups(cx)
-        .into_iter()
-        .filter_map(|(line, (blocks, _))| {
-            let parts = made_in_parts(cx, &blocks)?;
-            let bytes = blocks.iter().map(|&bi| cx.replay.blocks[bi].size).sum();
-            (bytes >= cx.thresholds.min_suspect_bytes).then_some((line, blocks.len(), bytes, parts))
-        })
-        .collect()
 }

@@ -27,7 +27,7 @@ use std::collections::BTreeMap;
 
 use memsnap_model::{FrameId, StackId};
 
-use super::{Context, Detector, Finding};
+use super::{state_only, Context, Detector, Finding};
 use crate::evidence::{Evidence, GraphHold, Occurrence, Severity, SuspectKind};
 use crate::lifecycle::{BlockFate, UnitFate};
 
@@ -64,6 +64,11 @@ impl Detector for RetainedGraph {
     }
 
     fn detect(&self, cx: &Context) -> Vec<Finding> {
+        // Read from the dump alone, graphs show as many operations' saved tensors alive at the
+        // dump (`state_only`): the only shape of this kind such a file can show.
+        if let Some(origin) = state_only::reading(cx) {
+            return state_only::groups(cx, origin).into_iter().filter_map(|g| seen_at_dump(cx, g)).collect();
+        }
         let lc = cx.lifecycle;
         let th = cx.thresholds;
         let mut groups: BTreeMap<Key, Group> = BTreeMap::new();
@@ -191,12 +196,13 @@ impl Detector for RetainedGraph {
             lines.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
             let facts = Evidence::RetainedGraph {
                 hold,
-                graphs: g.units.len(),
+                graphs: Some(g.units.len()),
                 held_blocks: g.blocks.len() as u64,
                 forward_call: forward_call.map(|f| cx.site(f)),
                 backward_line: g.backward_line.map(|f| cx.site(f)),
                 root: root_site.map(|f| cx.site(f)),
                 held_lines: lines.iter().take(3).map(|(f, _)| cx.site(*f)).collect(),
+                operations: None,
             };
             out.push(Finding {
                 kind: SuspectKind::RetainedGraph,
@@ -214,6 +220,35 @@ impl Detector for RetainedGraph {
         }
         out
     }
+}
+
+/// A state-only group with the shape of kept graphs (`state_only::GraphShape`): a leak, since
+/// several passes' graphs are alive, at the confidence of what rests on the dump alone. Site: the
+/// line that ran the model; the reference that keeps the graphs is not in the file.
+fn seen_at_dump(cx: &Context, g: state_only::Group) -> Option<Finding> {
+    let shape = g.graph?;
+    Some(Finding {
+        kind: SuspectKind::RetainedGraph,
+        severity: Severity::Leak,
+        confidence: cx.thresholds.state_only_confidence,
+        occurrence: Occurrence::Pass,
+        boundaries: Vec::new(),
+        bytes: None,
+        site: Some(cx.site(g.line)),
+        stack: g.stack,
+        facts: Evidence::RetainedGraph {
+            hold: GraphHold::SeenAtDump,
+            graphs: shape.iterations,
+            held_blocks: g.blocks.len() as u64,
+            forward_call: Some(cx.site(g.line)),
+            backward_line: None,
+            root: None,
+            held_lines: shape.lines.iter().map(|&f| cx.site(f)).collect(),
+            operations: Some(shape.ops),
+        },
+        occurrences: 0,
+        blocks: g.blocks,
+    })
 }
 
 /// Whether another backward pass (any line: `backward`, `autograd.grad`) started after backward

@@ -116,6 +116,21 @@ fn state_only_cache() -> Snapshot {
     snap
 }
 
+/// The graphs of 10 grad-on passes kept to the dump (a list of losses), read from the dump alone:
+/// five operations of the model (embedding, norm, linear, GELU, residual add) each made 10 or more
+/// of the live blocks.
+fn state_only_graphs() -> Snapshot {
+    let mut p = Program::new(2);
+    for _ in 0..10 {
+        let _ = p.forward(&[top(30)], Grad::Enabled, false);
+    }
+    let mut snap = p.t.finish();
+    for t in &mut snap.traces {
+        t.events.clear();
+    }
+    snap
+}
+
 fn detector_eval_keeps_detections() -> Snapshot {
     let mut p = Program::new(2);
     train(&mut p, Train::default());
@@ -281,6 +296,13 @@ const CASES: &[Case] = &[
         default,
         |t| t.state_min_same_site_blocks = 100,
         |a| has(a, SuspectKind::ReferenceLeak, Severity::Leak),
+    ),
+    (
+        "state_graph_min_ops",
+        state_only_graphs,
+        default,
+        |t| t.state_graph_min_ops = 6,
+        |a| has(a, SuspectKind::RetainedGraph, Severity::Leak) && !has(a, SuspectKind::ReferenceLeak, Severity::Leak),
     ),
     (
         "state_only_confidence",
