@@ -192,6 +192,10 @@ pub enum GradientHold {
     /// windows come about once per iteration (no-grad passes the step itself runs: acting in
     /// reinforcement learning, a teacher, a target network, an evaluation every step).
     ThroughEvaluation { window_start: u32, passes: usize, share_of_allocated: f64, every_step: bool },
+    /// Read from the dump alone (no trace, or one without stacks): more blocks without a Python
+    /// frame, of parameters' sizes, than there are parameters (`detectors/state_only.rs`).
+    /// `generations`: the fewest such blocks per parameter over `distinct_sizes` sizes.
+    SeenAtDump { generations: usize, distinct_sizes: usize },
 }
 
 /// Why an OOM happened.

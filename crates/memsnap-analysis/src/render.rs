@@ -220,6 +220,13 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
                 plural(*distinct_sizes as u64, "parameter size", "parameter sizes"),
                 agree(*blocks, "is", "are")
             ),
+            GradientHold::SeenAtDump { generations, distinct_sizes } => format!(
+                "{} alive at the dump have no Python frame (the autograd engine's thread, where a backward makes gradients) and parameters' sizes: for {}, at least {} per parameter, where a program holds one (the current `.grad`), so the gradients of at least {} earlier backward passes are kept. This is read from the dump alone (the trace has no stacks, as with `context=\"state\"`, or there is no trace), so which reference keeps them the file cannot say. {tail}.",
+                plural(*blocks, "block", "blocks"),
+                plural(*distinct_sizes as u64, "parameter size", "parameter sizes"),
+                generations,
+                generations.saturating_sub(1)
+            ),
             GradientHold::ThroughEvaluation { window_start, passes, share_of_allocated, every_step } => {
                 // What began, and what the gradients were held through.
                 let (began, through) = if *every_step {
@@ -326,7 +333,7 @@ pub fn advice(s: &Suspect) -> String {
         Evidence::ReferenceLeak { origin: LeakOrigin::OptimizerHistory, .. } => "Nothing leaks: L-BFGS stops growing at `history_size` pairs. To hold less, lower it (`torch.optim.LBFGS(params, history_size=k)`: about 2 × k × the parameters' bytes, plus the flat gradient).".into(),
         Evidence::ReferenceLeak { origin: LeakOrigin::Backward, .. } => "Look for backward hooks (`register_full_backward_hook`, `Tensor.register_hook`) that store tensors, and for activations that were given `retain_grad()` and are kept (their `.grad` goes with them); keep `t.detach().cpu()` or a statistic (`t.norm().item()`), or clear the container every step.".into(),
         Evidence::ReferenceLeak { .. } => "Find what keeps these tensors alive (a forward hook, a dict cache, a closure, a global list) and bound it: clear or evict entries, `del` the reference, or keep `t.detach().cpu()` / a summary statistic instead of the GPU tensor.".into(),
-        Evidence::UnreleasedGradient { hold: GradientHold::KeptEachStep { .. }, .. } => "Do not keep references to `.grad` tensors: store `p.grad.norm().item()` or `p.grad.detach().cpu()`, and clear gradients with `optimizer.zero_grad(set_to_none=True)`.".into(),
+        Evidence::UnreleasedGradient { hold: GradientHold::KeptEachStep { .. } | GradientHold::SeenAtDump { .. }, .. } => "Do not keep references to `.grad` tensors: store `p.grad.norm().item()` or `p.grad.detach().cpu()`, and clear gradients with `optimizer.zero_grad(set_to_none=True)`.".into(),
         Evidence::UnreleasedGradient { hold: GradientHold::ThroughEvaluation { .. }, .. } => "Release gradients before evaluating: `optimizer.zero_grad(set_to_none=True)` right after `optimizer.step()` (not at the start of the next step, and not `set_to_none=False`).".into(),
         Evidence::Fragmentation { cached_free_at_end, .. } => format!(
             "Set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` so segments grow instead of splitting; make tensor sizes uniform (pad or bucket variable-length batches); allocate long-lived tensors up front, not between short-lived ones; call `torch.cuda.empty_cache()` only at phase boundaries. ({} cached free at the end.)",

@@ -21,6 +21,13 @@
 //! `retained_graph` (its `GraphHold::SeenAtDump`). The rest is `reference_leak`'s: many live
 //! blocks from one line. A user's `saved_tensors_hooks` that stashes every saved tensor looks the
 //! same from the dump (q08), and so reads as graphs kept.
+//!
+//! Gradients are made by the autograd engine's own thread, which runs no Python: their blocks
+//! have no Python frame, and each has its parameter's size. A program holds one gradient per
+//! parameter (the current `.grad`s); more blocks of a parameter's size without a Python frame are
+//! gradients of earlier backward passes that something keeps (a log of `p.grad`), read as
+//! `unreleased_gradient` ([`kept_gradients`]). Gradient accumulation adds into the same `.grad`,
+//! and optimizer state is made by Python code, so neither is counted.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -141,6 +148,58 @@ fn graph_shape(cx: &Context, blocks: &[usize]) -> Option<GraphShape> {
         }),
         lines: lines.into_iter().take(3).map(|(l, _)| l).collect(),
     })
+}
+
+/// Gradients of earlier backward passes alive at the dump, read from the dump alone (see the
+/// module comment).
+pub(crate) struct KeptGradients {
+    /// The kept blocks: per parameter size, those without a Python frame beyond one per
+    /// parameter (the latest made are left out as the current gradients).
+    pub blocks: Vec<usize>,
+    /// Parameter sizes that have kept gradients.
+    pub sizes: usize,
+    /// The fewest blocks without a Python frame per parameter, over those sizes: the gradients
+    /// of at least this many backward passes are alive, the current ones included.
+    pub generations: usize,
+}
+
+/// Kept gradients, when at least `min_gradients_per_step` parameter sizes have, per parameter of
+/// that size, at least `min_leak_occurrences` blocks without a Python frame beyond the current
+/// gradient (a leak repeats, and a backward makes gradients of several sizes). Parameters are the
+/// live blocks made by construction code (`Module.to`, `__init__`) and, with a trace, those made
+/// before it; without a trace, parameters made before recording have no stack and cannot be
+/// counted, and nothing is said.
+pub(crate) fn kept_gradients(cx: &Context, origin: LeakOrigin) -> Option<KeptGradients> {
+    let th = cx.thresholds;
+    let traced = origin == LeakOrigin::DumpStacksOnly;
+    let mut params: BTreeMap<u64, usize> = BTreeMap::new();
+    let mut frameless: BTreeMap<u64, Vec<(u32, usize)>> = BTreeMap::new();
+    for (bi, b, stack) in live_blocks_with_stacks(cx) {
+        let info = cx.stacks.get(stack);
+        let made = b.alloc_event();
+        if info.construction || (traced && made.is_none()) {
+            *params.entry(b.size).or_default() += 1;
+        } else if !info.python {
+            frameless.entry(b.size).or_default().push((made.unwrap_or(0), bi));
+        }
+    }
+    let mut blocks = Vec::new();
+    let (mut sizes, mut generations) = (0usize, usize::MAX);
+    for (size, mut made) in frameless {
+        let Some(&n) = params.get(&size) else { continue };
+        if made.len() < (th.min_leak_occurrences + 1) * n {
+            continue;
+        }
+        made.sort_unstable();
+        generations = generations.min(made.len() / n);
+        sizes += 1;
+        blocks.extend(made[..made.len() - n].iter().map(|&(_, bi)| bi));
+    }
+    if (sizes as u64) < th.min_gradients_per_step {
+        return None;
+    }
+    blocks.sort_unstable();
+    Some(KeptGradients { blocks, sizes, generations })
 }
 
 /// Does this device's trace have allocations, none with a user frame, while some block alive at

@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use memsnap_model::{BlockState, FrameId};
 
-use super::{Context, Detector, Finding};
+use super::{state_only, Context, Detector, Finding};
 use crate::attribution::Attr;
 use crate::evidence::{Evidence, GradientHold, Occurrence, Severity, SuspectKind};
 use crate::lifecycle::UnitFate;
@@ -36,6 +36,11 @@ impl Detector for UnreleasedGradient {
     }
 
     fn detect(&self, cx: &Context) -> Vec<Finding> {
+        // Read from the dump alone, kept gradients show as more blocks without a Python frame
+        // of parameters' sizes than there are parameters (`state_only`).
+        if let Some(origin) = state_only::reading(cx) {
+            return state_only::kept_gradients(cx, origin).map(|k| seen_at_dump(cx, k)).into_iter().collect();
+        }
         let mut out = Vec::new();
         let mut leak_lines = Vec::new();
         for g in cx.kept_backward_groups().iter().filter(|g| g.gradient_like) {
@@ -190,4 +195,28 @@ fn through_evaluation(cx: &Context, leak_lines: &[Option<FrameId>]) -> Option<Fi
         },
         blocks,
     })
+}
+
+/// Kept gradients read from the dump alone: a leak (several backward passes' gradients are
+/// alive), at the confidence of what rests on the dump alone. No line: the engine's thread has
+/// none, and the `.backward()` line is on no event of such a file.
+fn seen_at_dump(cx: &Context, k: state_only::KeptGradients) -> Finding {
+    Finding {
+        occurrences: 0,
+        kind: SuspectKind::UnreleasedGradient,
+        severity: Severity::Leak,
+        confidence: cx.thresholds.state_only_confidence,
+        occurrence: Occurrence::Iteration,
+        boundaries: Vec::new(),
+        bytes: None,
+        site: None,
+        stack: memsnap_model::StackId::EMPTY,
+        facts: Evidence::UnreleasedGradient {
+            hold: GradientHold::SeenAtDump { generations: k.generations, distinct_sizes: k.sizes },
+            blocks: k.blocks.len() as u64,
+            backward_line: None,
+            released_at: None,
+        },
+        blocks: k.blocks,
+    }
 }

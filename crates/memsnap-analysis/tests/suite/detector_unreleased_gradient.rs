@@ -128,3 +128,49 @@ fn two_model_calls_per_step_are_training_not_evaluation() {
     assert!(a.devices[0].phases.eval_windows.is_empty(), "{}", describe(&a));
     assert_no_suspects(&a);
 }
+
+// ------------------------------------------------------------------------------------------
+// unreleased_gradient: read from the dump alone (no trace, or one without stacks)
+
+/// The snapshot of `make`'s program as a state-only recording would hold it: the same dump, no
+/// trace events.
+fn dump_alone(mut snap: memsnap_model::Snapshot) -> memsnap_model::Snapshot {
+    for t in &mut snap.traces {
+        t.events.clear();
+    }
+    snap
+}
+
+/// `grad_log.append(...)` each step, read from the dump alone: 6 backward passes' gradients are
+/// alive, each without a Python frame (the engine's thread) and of a parameter's size, 6 per
+/// parameter where a program holds 1; the latest set is the current `.grad`s, the other 5 kept.
+#[test]
+fn unreleased_gradient_kept_grads_seen_at_dump() {
+    let mut p = Program::new(2);
+    train(&mut p, Train { zero: ZeroGrad::SetToNoneButReferenced, ..Train::default() });
+    let params = p.param_bytes();
+    let a = analyze_snapshot(&dump_alone(p.t.finish()));
+    let s = the_one(&a, SuspectKind::UnreleasedGradient);
+    assert!(
+        matches!(
+            s.facts,
+            Evidence::UnreleasedGradient {
+                hold: memsnap_analysis::GradientHold::SeenAtDump { generations: 6, .. },
+                ..
+            }
+        ),
+        "{}",
+        describe(&a)
+    );
+    assert_eq!(s.bytes, 5 * params, "{}", describe(&a));
+    assert!(s.confidence <= 0.5, "{}", describe(&a));
+}
+
+/// Near miss: `zero_grad(set_to_none=True)` each step, read from the dump alone: only the
+/// current gradients are alive, one per parameter.
+#[test]
+fn unreleased_gradient_near_miss_current_grads_at_dump() {
+    let mut p = Program::new(2);
+    train(&mut p, Train { zero: ZeroGrad::InPlace, ..Train::default() });
+    assert_none_of(&analyze_snapshot(&dump_alone(p.t.finish())), SuspectKind::UnreleasedGradient);
+}
