@@ -16,7 +16,8 @@
 //! `hidden_states` tuple or a cache holds the output of one operation, per layer. So a group
 //! whose live blocks were made inside a model call by at least `state_graph_min_ops` different
 //! operations, each alive at least `min_leak_occurrences` times, is kept graphs: the tensors
-//! autograd saved in that many passes, alive because something references a tensor that carries
+//! autograd saved in several passes (an operation of every layer is alive once per layer and
+//! pass), alive because something references a tensor that carries
 //! the graph (a loss or an output kept without `.item()` / `.detach()`), read as
 //! `retained_graph` (its `GraphHold::SeenAtDump`). The rest is `reference_leak`'s: many live
 //! blocks from one line. A user's `saved_tensors_hooks` that stashes every saved tensor looks the
