@@ -180,3 +180,43 @@ fn retained_graph_over_two_passes_of_one_loss() {
     assert_none_of(&a, SuspectKind::NoGradMissing);
     assert_none_of(&a, SuspectKind::ReferenceLeak);
 }
+
+// ------------------------------------------------------------------------------------------
+// retained_graph: read from the dump alone (no trace, or one without stacks)
+
+/// 8 grad-on passes whose graphs a list keeps, read from the dump alone: their saved tensors
+/// were made by five different operations of the model (embedding, norm, linear, GELU, residual
+/// add), each alive 8 times or more: kept graphs, at the line that ran the model.
+#[test]
+fn retained_graph_seen_at_dump() {
+    let mut p = Program::new(2);
+    for _ in 0..8 {
+        let _ = p.forward(&[top(30)], Grad::Enabled, false);
+    }
+    let a = analyze_snapshot(&dump_alone(p.t.finish()));
+    let s = the_one(&a, SuspectKind::RetainedGraph);
+    assert_site(&s, TRAIN, 30, &a);
+    assert!(
+        matches!(
+            s.facts,
+            Evidence::RetainedGraph { hold: GraphHold::SeenAtDump, operations: Some(5), graphs: None, .. }
+        ),
+        "{}",
+        describe(&a)
+    );
+    assert_none_of(&a, SuspectKind::ReferenceLeak);
+}
+
+/// Near miss: a forward hook keeps each block's `fc2` output of 8 no-grad passes, read from the
+/// dump alone: one operation's output per layer (the `Linear` line), not what autograd saves:
+/// kept outputs, `reference_leak`.
+#[test]
+fn retained_graph_near_miss_hook_outputs_at_dump() {
+    let mut p = Program::new(2);
+    for _ in 0..8 {
+        let _ = p.forward(&[top(30)], Grad::NoGrad, true);
+    }
+    let a = analyze_snapshot(&dump_alone(p.t.finish()));
+    assert_none_of(&a, SuspectKind::RetainedGraph);
+    let _ = the_one(&a, SuspectKind::ReferenceLeak);
+}

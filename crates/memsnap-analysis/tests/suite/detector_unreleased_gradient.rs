@@ -132,15 +132,6 @@ fn two_model_calls_per_step_are_training_not_evaluation() {
 // ------------------------------------------------------------------------------------------
 // unreleased_gradient: read from the dump alone (no trace, or one without stacks)
 
-/// The snapshot of `make`'s program as a state-only recording would hold it: the same dump, no
-/// trace events.
-fn dump_alone(mut snap: memsnap_model::Snapshot) -> memsnap_model::Snapshot {
-    for t in &mut snap.traces {
-        t.events.clear();
-    }
-    snap
-}
-
 /// `grad_log.append(...)` each step, read from the dump alone: 6 backward passes' gradients are
 /// alive, each without a Python frame (the engine's thread) and of a parameter's size, 6 per
 /// parameter where a program holds 1; the latest set is the current `.grad`s, the other 5 kept.

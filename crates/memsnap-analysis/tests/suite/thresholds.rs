@@ -109,11 +109,7 @@ fn state_only_cache() -> Snapshot {
         let pass = p.forward(&[top(30)], Grad::NoGrad, false);
         let _ = pass;
     }
-    let mut snap = p.t.finish();
-    for t in &mut snap.traces {
-        t.events.clear();
-    }
-    snap
+    dump_alone(p.t.finish())
 }
 
 /// The graphs of 10 grad-on passes kept to the dump (a list of losses), read from the dump alone:
@@ -124,11 +120,7 @@ fn state_only_graphs() -> Snapshot {
     for _ in 0..10 {
         let _ = p.forward(&[top(30)], Grad::Enabled, false);
     }
-    let mut snap = p.t.finish();
-    for t in &mut snap.traces {
-        t.events.clear();
-    }
-    snap
+    dump_alone(p.t.finish())
 }
 
 fn detector_eval_keeps_detections() -> Snapshot {

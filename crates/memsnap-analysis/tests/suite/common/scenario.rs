@@ -324,3 +324,12 @@ pub fn detector_evaluation(p: &mut Program, saving_lines: u32) {
         }
     }
 }
+
+/// `snap` as a state-only recording (`_record_memory_history(enabled="state")`) would hold it:
+/// the same dump, no trace events.
+pub fn dump_alone(mut snap: Snapshot) -> Snapshot {
+    for t in &mut snap.traces {
+        t.events.clear();
+    }
+    snap
+}
