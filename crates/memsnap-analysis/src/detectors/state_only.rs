@@ -67,8 +67,9 @@ pub(crate) struct GraphShape {
     /// Operations inside the model call that made blocks alive at least `min_leak_occurrences`
     /// times each.
     pub ops: usize,
-    /// The iterations of the trace the group's blocks were made in (`None` without a trace
-    /// that has iterations): how many passes' graphs are kept, when one pass runs per iteration.
+    /// The iterations of the trace the group's blocks were made in, the stretch before the
+    /// first boundary counted as one (`None` without a trace that has iterations): how many
+    /// passes' graphs are kept, when one pass runs per iteration.
     pub iterations: Option<usize>,
     /// The lines inside the model whose blocks are alive, most bytes first (up to 3).
     pub lines: Vec<FrameId>,
@@ -144,8 +145,17 @@ fn graph_shape(cx: &Context, blocks: &[usize]) -> Option<GraphShape> {
     lines.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     Some(GraphShape {
         ops: repeated.len(),
+        // Stretches of the trace between iteration boundaries, the one before the first
+        // included: a boundary found by the optimizer's step ends a pass's iteration, so the
+        // first pass comes before it.
         iterations: (cx.phases.boundaries.len() >= 2).then(|| {
-            blocks.iter().filter_map(|&bi| cx.iteration_of(&cx.replay.blocks[bi])).collect::<BTreeSet<usize>>().len()
+            let bounds = &cx.phases.boundaries;
+            blocks
+                .iter()
+                .filter_map(|&bi| cx.replay.blocks[bi].alloc_event())
+                .map(|a| bounds.partition_point(|&b| b <= a))
+                .collect::<BTreeSet<usize>>()
+                .len()
         }),
         lines: lines.into_iter().take(3).map(|(l, _)| l).collect(),
     })
