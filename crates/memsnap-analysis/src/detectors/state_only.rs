@@ -178,8 +178,10 @@ pub(crate) struct KeptGradients {
 /// that size, at least `min_leak_occurrences` blocks without a Python frame beyond the current
 /// gradient (a leak repeats, and a backward makes gradients of several sizes). Parameters are the
 /// live blocks made by construction code (`Module.to`, `__init__`) and, with a trace, those made
-/// before it; without a trace, parameters made before recording have no stack and cannot be
-/// counted, and nothing is said.
+/// before it. Without a trace, a block made before recording has no stack at all, like a
+/// gradient under `stacks="python"` (the model and its optimizer state, made before recording,
+/// would pass for gradients), so only blocks with native frames and no Python one count: the
+/// engine's, under `stacks="all"`.
 pub(crate) fn kept_gradients(cx: &Context, origin: LeakOrigin) -> Option<KeptGradients> {
     let th = cx.thresholds;
     let traced = origin == LeakOrigin::DumpStacksOnly;
@@ -190,7 +192,7 @@ pub(crate) fn kept_gradients(cx: &Context, origin: LeakOrigin) -> Option<KeptGra
         let made = b.alloc_event();
         if info.construction || (traced && made.is_none()) {
             *params.entry(b.size).or_default() += 1;
-        } else if !info.python {
+        } else if !info.python && (traced || stack != StackId::EMPTY) {
             frameless.entry(b.size).or_default().push((made.unwrap_or(0), bi));
         }
     }

@@ -333,3 +333,14 @@ pub fn dump_alone(mut snap: Snapshot) -> Snapshot {
     }
     snap
 }
+
+/// `snap` as `_record_memory_history(context="state")` would have recorded it: the same trace
+/// without a stack on any event; the dump's blocks keep theirs.
+pub fn without_event_stacks(mut snap: Snapshot) -> Snapshot {
+    for t in &mut snap.traces {
+        for e in &mut t.events {
+            e.stack = memsnap_model::StackId::EMPTY;
+        }
+    }
+    snap
+}
