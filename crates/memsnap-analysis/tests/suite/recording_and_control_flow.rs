@@ -7,28 +7,6 @@ use crate::common;
 use common::prelude::*;
 use common::GRANULE;
 
-/// What `_record_memory_history(context="alloc")` records: every free carries the stack of its
-/// block's allocation instead of the stack at the free.
-fn as_context_alloc(mut snap: Snapshot) -> Snapshot {
-    for t in &mut snap.traces {
-        let mut alloc_stack = std::collections::HashMap::new();
-        for e in &mut t.events {
-            match e.action() {
-                memsnap_model::Action::Alloc => {
-                    alloc_stack.insert(e.addr, e.stack);
-                }
-                memsnap_model::Action::FreeRequested | memsnap_model::Action::FreeCompleted => {
-                    if let Some(&s) = alloc_stack.get(&e.addr) {
-                        e.stack = s;
-                    }
-                }
-                _ => {}
-            }
-        }
-    }
-    snap
-}
-
 /// A clean training loop recorded with `context="alloc"`: the activations freed by backward carry
 /// the forward's frames. They must not end the backward window nor make the training passes
 /// look unconsumed (w10 was named `no_grad_missing` at its training forward).
@@ -183,15 +161,6 @@ fn context_alloc_frees_keep_no_grad_passes_no_grad() {
         a.devices[0].trace_phases.forwards.iter().map(|f| (f.span.start, f.span.end)).collect::<Vec<_>>()
     };
     assert_eq!(spans(&alloc), spans(&plain));
-}
-
-/// What `_record_memory_history(skip_actions=["free_requested"])` records: frees only as they
-/// complete.
-fn without_free_requests(mut snap: Snapshot) -> Snapshot {
-    for t in &mut snap.traces {
-        t.events.retain(|e| e.action() != memsnap_model::Action::FreeRequested);
-    }
-    snap
 }
 
 /// A clean training loop recorded with `context="alloc"` and without `free_requested` entries:

@@ -7,6 +7,7 @@
 use crate::common;
 
 use common::program::{top, Grad, Program, ZeroGrad};
+use common::recording::dump_alone;
 use common::scenario::*;
 use common::{TraceBuilder, MIB};
 use memsnap_analysis::{analyze_with, Analysis, Severity, SuspectKind, Thresholds};

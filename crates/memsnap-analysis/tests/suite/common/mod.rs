@@ -17,6 +17,7 @@
 
 pub mod prelude;
 pub mod program;
+pub mod recording;
 pub mod scenario;
 
 use std::collections::{BTreeMap, HashMap};

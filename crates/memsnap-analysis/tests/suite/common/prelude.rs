@@ -3,6 +3,7 @@
 #![allow(unused_imports)]
 
 pub use super::program::{chain, top, Grad, Pass, Program, ZeroGrad, CALL, MODEL, TRAIN, WRAP};
+pub use super::recording::*;
 pub use super::scenario::*;
 pub use super::{Blk, Fr, TraceBuilder, MIB};
 pub use memsnap_analysis::{find_phases, Evidence, GraphHold, Severity, StackTable, SuspectKind};

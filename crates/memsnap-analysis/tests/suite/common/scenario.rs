@@ -324,23 +324,3 @@ pub fn detector_evaluation(p: &mut Program, saving_lines: u32) {
         }
     }
 }
-
-/// `snap` as a state-only recording (`_record_memory_history(enabled="state")`) would hold it:
-/// the same dump, no trace events.
-pub fn dump_alone(mut snap: Snapshot) -> Snapshot {
-    for t in &mut snap.traces {
-        t.events.clear();
-    }
-    snap
-}
-
-/// `snap` as `_record_memory_history(context="state")` would have recorded it: the same trace
-/// without a stack on any event; the dump's blocks keep theirs.
-pub fn without_event_stacks(mut snap: Snapshot) -> Snapshot {
-    for t in &mut snap.traces {
-        for e in &mut t.events {
-            e.stack = memsnap_model::StackId::EMPTY;
-        }
-    }
-    snap
-}
