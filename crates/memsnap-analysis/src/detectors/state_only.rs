@@ -117,9 +117,15 @@ pub(crate) fn groups(cx: &Context, origin: LeakOrigin) -> Vec<Group> {
     kept
 }
 
-/// The stack facts of live block `bi`, its stack read from the dump where its own has no frames.
+/// The stack facts of live block `bi` (its stack as [`dump_stack`] reads it).
 fn block_info(cx: &Context, bi: usize) -> crate::stacks::StackInfo {
-    cx.stacks.get(crate::with_dump_stack(&cx.replay.blocks[bi], cx.replay.device, cx.dump_stacks).stack)
+    cx.stacks.get(dump_stack(cx, &cx.replay.blocks[bi]))
+}
+
+/// The stack of block `b`: the dump's where the block's own has no frames
+/// ([`crate::with_dump_stack`]).
+fn dump_stack(cx: &Context, b: &memsnap_replay::BlockLifetime) -> StackId {
+    crate::with_dump_stack(b, cx.replay.device, cx.dump_stacks).stack
 }
 
 /// The shape of kept graphs, when `blocks` have it (see the module comment).
@@ -267,8 +273,8 @@ pub(crate) fn state_kv_cache(cx: &Context) -> Option<(usize, u64)> {
     (n > 0).then_some((n, bytes))
 }
 
-/// The blocks alive at the dump, with their stacks (the dump's where the block's own has no
-/// frames: [`crate::with_dump_stack`]), as the state-only reading sees them.
+/// The blocks alive at the dump, with their stacks ([`dump_stack`]), as the state-only reading
+/// sees them.
 fn live_blocks_with_stacks<'c>(
     cx: &'c Context,
 ) -> impl Iterator<Item = (usize, &'c memsnap_replay::BlockLifetime, StackId)> + 'c {
@@ -277,7 +283,7 @@ fn live_blocks_with_stacks<'c>(
         .iter()
         .enumerate()
         .filter(|(_, b)| b.freed_at().is_none())
-        .map(|(bi, b)| (bi, b, crate::with_dump_stack(b, cx.replay.device, cx.dump_stacks).stack))
+        .map(|(bi, b)| (bi, b, dump_stack(cx, b)))
 }
 
 /// `Some(k)` when every block was made in the trace and they fall in only `k` (fewer than
