@@ -41,17 +41,24 @@ struct Fixture {
     truth: Value,
 }
 
+/// Folders of `fixtures/` the scorecard leaves out: `limits` holds programs memsnap is known to
+/// misread, each said in its README, not hidden in the score.
+const NOT_SCORED: &[&str] = &["limits"];
+
+/// Every snapshot with a truth file in a folder of `fixtures/` (a new set is scored the day it
+/// lands), but those of [`NOT_SCORED`].
 fn fixtures() -> Vec<Fixture> {
     let mut out = Vec::new();
-    for dir in [
-        "dev", "extra", "extra2", "extra3", "extra4", "extra5", "extra6", "extra7", "extra8", "extra9", "extra10",
-        "extra11", "extra12", "extra13", "extra14", "extra15", "extra16", "extra17", "extra18", "extra19", "extra20",
-        "extra21", "extra22", "extra23", "extra24", "extra25", "extra26", "extra27", "multi", "formats", "cache",
-    ] {
+    let mut dirs: Vec<String> = std::fs::read_dir(common::fixture(""))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_dir())
+        .map(|p| p.file_name().unwrap().to_str().unwrap().to_string())
+        .filter(|n| !NOT_SCORED.contains(&n.as_str()))
+        .collect();
+    dirs.sort();
+    for dir in &dirs {
         let d = common::fixture(dir);
-        if !d.is_dir() {
-            continue;
-        }
         for truth in common::files_in(&d, |n| n.ends_with(".truth.json")) {
             let stem = truth.file_name().unwrap().to_str().unwrap().trim_end_matches(".truth.json").to_string();
             let t: Value = serde_json::from_str(&std::fs::read_to_string(&truth).unwrap()).unwrap();
@@ -292,14 +299,12 @@ fn scorecard_over_ring_windows() {
 fn scorecard_without_event_stacks() {
     const S: &str = "context-state";
     const KNOWN: &[(&str, &str, &str)] = &[
-        // A bounded store full at the dump (an LRU, a replay buffer or a reservoir at capacity,
-        // a cache bounded by bytes, a window of recent losses) is many live blocks from one
-        // line, as a leak is; its evictions are frees without stacks, which name no line.
+        // A bounded store full at the dump (an LRU, a cache bounded by bytes, a window of recent
+        // losses) is many live blocks from one line, as a leak is; its evictions are frees
+        // without stacks, which name no line. Where blocks of its sizes stay level over the
+        // trace, it reads as a working set (`WorkingSet::Level`: p05, p11, s13, s33); not these.
         ("l06_stacks_all_context_alloc_logmel_lru_cache_clean", S, "clean"),
-        ("p05_dqn_bounded_replay_on_gpu_clean", S, "clean"),
-        ("p11_seq_len_mask_cache_clean", S, "clean"),
         ("s01_frozen_encoder_state_cache_bounded_by_bytes_clean", S, "clean"),
-        ("s13_der_reservoir_replay_per_example_slots_clean", S, "clean"),
         ("z25_gru_loss_detach_history_clean", S, "clean"),
         // Kept graphs of models with fewer than `state_graph_min_ops` (5) operations that save
         // (an MLP of one `Linear` line and one activation line, an LSTM or GRU cell, a
@@ -326,9 +331,12 @@ fn scorecard_without_event_stacks() {
         // many live blocks from one line.
         ("s07_fragmentation", S, "reference_leak"),
         ("z14_fragmentation_varlen", S, "reference_leak"),
-        // A `saved_tensors_hooks` pack function that stashes every saved tensor keeps what a
-        // graph keeps: from the dump, the same shape (`detectors/state_only.rs`).
-        ("q08_saved_tensors_hook_stash_leak", S, "retained_graph"),
+        // Kept graphs of evaluations without `no_grad` whose models save no norm statistics
+        // (a batch norm in eval mode uses its running ones; an MLP has none): without those
+        // twins the blocks read as outputs kept per module, as a hook on every module keeps
+        // them (s36), and the evidence says they may be graphs (`detectors/state_only.rs`).
+        ("n02_fasterrcnn_val_without_no_grad_keeps_detections_leak", S, "reference_leak"),
+        ("z29_trainer_shared_forward_eval_keeps_logits", S, "reference_leak"),
     ];
     alarms_under_settings("scorecard_without_event_stacks", &["context-state"], KNOWN);
 }

@@ -300,6 +300,14 @@ pub enum Evidence {
         /// [`BeforeTrace`]); absent when there are none.
         #[serde(skip_serializing_if = "Option::is_none")]
         before_trace: Option<BeforeTrace>,
+        /// Read from the dump alone: the different operations inside one model call that made
+        /// these blocks, each several times, as autograd's saved tensors are, when the trace
+        /// shows none of the twin blocks (a norm's statistics) that only autograd keeps; so
+        /// they read as outputs kept per module (a hook on every module), or else as the graphs
+        /// of a model that saves no such twins (no norm, or norms in eval mode). Absent
+        /// otherwise (see `detectors/state_only.rs`).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        operations: Option<usize>,
     },
     UnreleasedGradient {
         hold: GradientHold,

@@ -442,15 +442,32 @@ fn analyze_device(
         retained_held: Default::default(),
     };
     let suspects = detectors::detect(&cx);
-    caveats.extend(detectors::state_only::state_working_sets(&cx).into_iter().map(|(line, blocks, bytes, parts)| {
-        format!(
-            "{} alive at the dump ({}) come from {}, yet the trace shows them all made in {} of its {} equal parts: they did not accumulate while the rest of the trace ran (a working set still held, such as the last request's cache), so they are not reported as a leak",
+    caveats.extend(detectors::state_only::state_working_sets(&cx).into_iter().map(|(line, blocks, bytes, why)| {
+        let head = format!(
+            "{} alive at the dump ({}) come from {}",
             memsnap_model::plural(blocks as u64, "block", "blocks"),
             memsnap_model::format_bytes(bytes, 2),
-            site::short_of(snap, line),
-            parts,
-            thresholds.min_leak_occurrences
-        )
+            site::short_of(snap, line)
+        );
+        match why {
+            detectors::state_only::WorkingSet::MadeInParts(parts) => format!(
+                "{head}, yet the trace shows them all made in {parts} of its {} equal parts: they did not accumulate while the rest of the trace ran (a working set still held, such as the last request's cache), so they are not reported as a leak",
+                thresholds.min_leak_occurrences
+            ),
+            detectors::state_only::WorkingSet::Level { at_dump, earlier } => format!(
+                "{head}, yet blocks of their sizes did not grow over the trace ({at_dump} alive at the dump, {earlier} at the low point of an iteration in its first half): what holds them is bounded (a pool, a queue with a maximum length, the latest output per module), so they are not reported as a leak"
+            ),
+        }
+    }));
+    // Kept graphs read from the dump alone: the trace has no stack to place a backward, so a
+    // pass's graph kept after its backward (a loss kept without `.item()`) and a pass that never
+    // reached one (an evaluation run without `no_grad`, its loss kept) leave the same blocks.
+    caveats.extend(suspects.iter().filter_map(|f| match (&f.facts, &f.site) {
+        (evidence::Evidence::RetainedGraph { hold: evidence::GraphHold::SeenAtDump, .. }, Some(site)) => Some(format!(
+            "the graphs kept from the model call at {} are read from the dump alone, which cannot tell whether their passes were training passes kept by a reference after their backward or passes run without `torch.no_grad()` that no backward went through (an evaluation: `no_grad_missing`); if that line evaluates, wrap it in `torch.no_grad()`",
+            site.short()
+        )),
+        _ => None,
     }));
     if let Some((blocks, bytes)) = detectors::state_only::state_kv_cache(&cx) {
         caveats.push(format!(

@@ -160,7 +160,7 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
         } else {
             String::new()
         },
-        Evidence::ReferenceLeak { origin, blocks, occurrences, eligible, occurrence, made_at, before_trace } => {
+        Evidence::ReferenceLeak { origin, blocks, occurrences, eligible, occurrence, made_at, before_trace, operations } => {
             let what = match origin {
                 LeakOrigin::TrainedForward => "outputs or intermediates of forward passes whose graphs a backward already freed, so no graph holds them",
                 LeakOrigin::NoGradForward => "outputs of forward passes run without grad (or tensors the code right after them made from them), so no graph holds them",
@@ -179,7 +179,10 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
                 LeakOrigin::DumpStacksOnly => "live at the dump from this one line (the trace carries no stacks, as with `context=\"state\"`: only the dump's blocks name their lines, so this rests on the dump-time state)",
             };
             if matches!(origin, LeakOrigin::StateOnly | LeakOrigin::DumpStacksOnly) {
-                format!("{} {what}. {tail}.", plural(*blocks, "block", "blocks"))
+                let ops = operations.map_or(String::new(), |n| format!(
+                    " They were made by {n} different operations inside the model call, each several times, as autograd's saved tensors are, but the trace shows none of the statistics a norm saves for its backward (two blocks of one size made one right after the other), which no hook or output list ever sees: so they read as outputs kept per module (a forward hook on every module, a per-layer log); if nothing keeps module outputs, they are the graphs of a model that saves no such statistics (no norm layer, or norms in eval mode), kept by a loss or an output stored without `.item()` / `.detach()`."
+                ));
+                format!("{} {what}.{ops} {tail}.", plural(*blocks, "block", "blocks"))
             } else {
                 let many = match occurrence {
                     Occurrence::Iteration => "iterations",
@@ -496,6 +499,7 @@ mod tests {
                 occurrence,
                 made_at: None,
                 before_trace: None,
+                operations: None,
             },
             evidence: String::new(),
             advice: String::new(),

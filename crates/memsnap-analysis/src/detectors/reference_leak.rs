@@ -545,6 +545,7 @@ impl Detector for ReferenceLeak {
                     occurrence,
                     made_at,
                     before_trace: line.and_then(|l| made_before_trace(cx, l, origin, &g.blocks)),
+                    operations: None,
                 },
                 blocks: g.blocks,
             });
@@ -1164,6 +1165,7 @@ fn regrown(cx: &Context, reported: &BTreeSet<Option<FrameId>>) -> Vec<Finding> {
                 occurrence: Occurrence::Iteration,
                 made_at: None,
                 before_trace: None,
+                operations: None,
             },
             blocks: chain,
         });
@@ -1282,6 +1284,7 @@ fn state_only_finding(cx: &Context, origin: LeakOrigin, g: state_only::Group) ->
             occurrence: Occurrence::Iteration,
             made_at: None,
             before_trace: None,
+            operations: g.operations_without_twins,
         },
         blocks: g.blocks,
     }

@@ -20,8 +20,20 @@
 //! pass), alive because something references a tensor that carries
 //! the graph (a loss or an output kept without `.item()` / `.detach()`), read as
 //! `retained_graph` (its `GraphHold::SeenAtDump`). The rest is `reference_leak`'s: many live
-//! blocks from one line. A user's `saved_tensors_hooks` that stashes every saved tensor looks the
-//! same from the dump (q08), and so reads as graphs kept.
+//! blocks from one line.
+//!
+//! A forward hook on every leaf module keeps one output per module call, and so as many
+//! different operations' tensors as a graph (s36: a CNN's convolutions, norms, activations,
+//! poolings). What tells autograd apart is what it saves that no module returns: a norm's
+//! statistics (`batch_norm`'s mean and inverse deviation per channel, `layer_norm`'s per row),
+//! two blocks of one size that one operation makes one right after the other ([`twins`]). So
+//! with a trace (its events without stacks) a group reads as graphs only when its blocks show
+//! at least `min_leak_occurrences` such twins; without them it stays `reference_leak`'s, and
+//! says that it could be graphs of a model that saves no twins (no norm, or a batch norm in
+//! eval mode, which uses its running statistics: an evaluation without `no_grad`, z29, n02,
+//! s22). Without a trace nothing tells them apart, and the count of operations decides. A
+//! user's `saved_tensors_hooks` that stashes every saved tensor keeps what a graph keeps (q08),
+//! and so reads as graphs kept when its model has norms.
 //!
 //! Gradients are made by the autograd engine's own thread, which runs no Python: their blocks
 //! have no Python frame, and each has its parameter's size. A program holds one gradient per
@@ -32,7 +44,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use memsnap_model::{FrameId, StackId};
+use memsnap_model::{Action, FrameId, StackId};
 
 use super::Context;
 use crate::evidence::LeakOrigin;
@@ -60,6 +72,9 @@ pub(crate) struct Group {
     pub stack: StackId,
     /// Set when the blocks are kept graphs' saved tensors (see the module comment).
     pub graph: Option<GraphShape>,
+    /// The operations that made the blocks, when they are as many as kept graphs' but the
+    /// trace shows no twins ([`twins`]): outputs kept per module, or graphs without twins.
+    pub operations_without_twins: Option<usize>,
 }
 
 /// What makes a group read as kept graphs.
@@ -76,10 +91,7 @@ pub(crate) struct GraphShape {
 }
 
 /// The groups of this device, read as `origin` says (from [`reading`]). With a trace without
-/// stacks, not those whose blocks were all made in the trace and in fewer than
-/// `min_leak_occurrences` of as many equal parts of it: a leak repeats, and a group made in a
-/// few parts of the trace did not accumulate while the rest of it ran; it is the working set the
-/// program held at the dump (the last request's KV cache, a cache made once), said in a caveat
+/// stacks, not those the trace shows to be a working set ([`working_set`]), said in a caveat
 /// ([`state_working_sets`]).
 ///
 /// Where groups read as kept graphs, a group whose every block a loss function made joins the
@@ -89,8 +101,15 @@ pub(crate) struct GraphShape {
 pub(crate) fn groups(cx: &Context, origin: LeakOrigin) -> Vec<Group> {
     let groups: Vec<Group> = state_groups(cx)
         .into_iter()
-        .filter(|(_, (blocks, _))| origin != LeakOrigin::DumpStacksOnly || made_in_parts(cx, blocks).is_none())
-        .map(|(line, (blocks, stack))| Group { line, graph: graph_shape(cx, &blocks), blocks, stack })
+        .filter(|(_, (blocks, _))| origin != LeakOrigin::DumpStacksOnly || working_set(cx, blocks).is_none())
+        .map(|(line, (blocks, stack))| {
+            let (graph, operations_without_twins) = match shape(cx, &blocks) {
+                Shape::Graph(g) => (Some(g), None),
+                Shape::OperationsWithoutTwins(ops) => (None, Some(ops)),
+                Shape::Tensors => (None, None),
+            };
+            Group { line, graph, operations_without_twins, blocks, stack }
+        })
         .collect();
     let bytes = |g: &Group| g.blocks.iter().map(|&bi| cx.replay.blocks[bi].size).sum::<u64>();
     let Some(largest_graph) = (0..groups.len())
@@ -128,28 +147,47 @@ fn dump_stack(cx: &Context, b: &memsnap_replay::BlockLifetime) -> StackId {
     crate::with_dump_stack(b, cx.replay.device, cx.dump_stacks).stack
 }
 
-/// The shape of kept graphs, when `blocks` have it (see the module comment).
-fn graph_shape(cx: &Context, blocks: &[usize]) -> Option<GraphShape> {
+/// How a group's blocks read (see the module comment).
+enum Shape {
+    /// Kept graphs.
+    Graph(GraphShape),
+    /// As many operations as kept graphs, but a trace that shows no twins ([`twins`]).
+    OperationsWithoutTwins(usize),
+    /// Tensors kept by a reference.
+    Tensors,
+}
+
+/// The shape of `blocks` (see the module comment).
+fn shape(cx: &Context, blocks: &[usize]) -> Shape {
     let th = cx.thresholds;
     // Per operation (the innermost Python frame: the library or model line that ran it), the
     // live blocks it made inside a model call.
     let mut per_op: BTreeMap<FrameId, usize> = BTreeMap::new();
     let mut per_line: BTreeMap<FrameId, u64> = BTreeMap::new();
+    // (allocation event, operation, size) of those made in the trace
+    let mut made_in_trace: Vec<(u32, FrameId, u64)> = Vec::new();
     for &bi in blocks {
         let info = block_info(cx, bi);
         let Some(op) = info.innermost_python.filter(|_| info.forward) else { continue };
         *per_op.entry(op).or_default() += 1;
+        let b = &cx.replay.blocks[bi];
         if let Some(line) = info.module_call.or(info.site) {
-            *per_line.entry(line).or_default() += cx.replay.blocks[bi].size;
+            *per_line.entry(line).or_default() += b.size;
+        }
+        if let Some(at) = b.alloc_event() {
+            made_in_trace.push((at, op, b.size));
         }
     }
     let repeated: Vec<usize> = per_op.into_values().filter(|&n| n >= th.min_leak_occurrences).collect();
     if (repeated.len() as u64) < th.state_graph_min_ops {
-        return None;
+        return Shape::Tensors;
+    }
+    if !made_in_trace.is_empty() && twins(cx, made_in_trace) < th.min_leak_occurrences {
+        return Shape::OperationsWithoutTwins(repeated.len());
     }
     let mut lines: Vec<(FrameId, u64)> = per_line.into_iter().collect();
     lines.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-    Some(GraphShape {
+    Shape::Graph(GraphShape {
         ops: repeated.len(),
         // Stretches of the trace between iteration boundaries, the one before the first
         // included: a boundary found by the optimizer's step ends a pass's iteration, so the
@@ -165,6 +203,27 @@ fn graph_shape(cx: &Context, blocks: &[usize]) -> Option<GraphShape> {
         }),
         lines: lines.into_iter().take(3).map(|(l, _)| l).collect(),
     })
+}
+
+/// Pairs of blocks `made` (allocation event, operation, size) by the same operation, of the same
+/// size, one right after the other: no allocation between them in the trace. A norm makes its
+/// statistics that way (`batch_norm`'s saved mean and inverse deviation per channel,
+/// `layer_norm`'s mean and reciprocal deviation per row), as does a line that computes an
+/// expression of several operations; autograd saves them for the backward, and no hook, output
+/// list or cache sees them, since a module returns its output only. Hooks on every leaf module
+/// (s36) keep as many different operations' tensors as a graph does, one output per module call,
+/// and a module call's output never follows another of the same operation and size with no
+/// allocation between unless two modules of one type and shape follow each other.
+fn twins(cx: &Context, mut made: Vec<(u32, FrameId, u64)>) -> usize {
+    made.sort_unstable();
+    made.windows(2)
+        .filter(|w| {
+            let ((a, op_a, size_a), (b, op_b, size_b)) = (w[0], w[1]);
+            op_a == op_b
+                && size_a == size_b
+                && cx.events[a as usize + 1..b as usize].iter().all(|e| e.action() != Action::Alloc)
+        })
+        .count()
 }
 
 /// Gradients of earlier backward passes alive at the dump, read from the dump alone (see the
@@ -286,6 +345,75 @@ fn live_blocks_with_stacks<'c>(
         .map(|(bi, b)| (bi, b, dump_stack(cx, b)))
 }
 
+/// Why a trace without stacks shows a group to be a working set, not growth.
+pub(crate) enum WorkingSet {
+    /// Every block was made in the trace, in only this many (fewer than `min_leak_occurrences`)
+    /// of as many equal parts of it, by event index: a leak repeats, and a group made in a few
+    /// parts of the trace did not accumulate while the rest of it ran (the last request's KV
+    /// cache, a cache made once).
+    MadeInParts(usize),
+    /// Blocks of the group's sizes, of any line, were at most one more at the dump
+    /// (`at_dump`) than in the trough of an iteration of the trace's first half (`earlier`, the
+    /// most there: the fewest alive during that iteration, once its temporaries of those sizes
+    /// were freed): what holds them is bounded (a pool or queue with a maximum length, a dict
+    /// of the latest output per module), though its blocks were made all along the trace (s33,
+    /// s37). A leak adds blocks of its sizes every iteration, so by the dump it has added one per
+    /// later iteration at least; a bounded store's count differs by what the last iteration
+    /// left bound at the dump (s37: the loop's last loss, one block). Counted by size because
+    /// the trace's events have no stacks: a block made and freed in the trace has no line;
+    /// other lines' blocks of the same sizes add to both counts.
+    Level { at_dump: usize, earlier: usize },
+}
+
+/// Whether the trace (without stacks) shows `blocks` to be a working set (see [`WorkingSet`]).
+/// Level is judged only with at least `min_leak_occurrences` iteration boundaries (two
+/// iterations or more).
+fn working_set(cx: &Context, blocks: &[usize]) -> Option<WorkingSet> {
+    if let Some(k) = made_in_parts(cx, blocks) {
+        return Some(WorkingSet::MadeInParts(k));
+    }
+    let bounds = &cx.phases.boundaries;
+    if bounds.len() < cx.thresholds.min_leak_occurrences {
+        return None;
+    }
+    let sizes: BTreeSet<u64> = blocks.iter().map(|&bi| cx.replay.blocks[bi].size).collect();
+    // Every block of those sizes, as +1 at its allocation and -1 at its free (by event); those
+    // made before the trace are alive from its start.
+    let mut alive: i64 = 0;
+    let mut steps: Vec<(u32, i64)> = Vec::new();
+    for b in cx.replay.blocks.iter().filter(|b| sizes.contains(&b.size)) {
+        match b.alloc_event() {
+            Some(a) => steps.push((a, 1)),
+            None => alive += 1,
+        }
+        if let Some(f) = b.freed_at() {
+            steps.push((f, -1));
+        }
+    }
+    steps.sort_unstable();
+    // The fewest alive in each iteration of the trace's first half: its trough, once the
+    // iteration's own temporaries of those sizes (activations, their gradients) are freed.
+    let windows = bounds.len() - 1;
+    let mut next = 0;
+    let mut earlier: i64 = 0;
+    for w in bounds.windows(2).take(windows.div_ceil(2)) {
+        while next < steps.len() && steps[next].0 < w[0] {
+            alive += steps[next].1;
+            next += 1;
+        }
+        let mut trough = alive;
+        while next < steps.len() && steps[next].0 < w[1] {
+            alive += steps[next].1;
+            trough = trough.min(alive);
+            next += 1;
+        }
+        earlier = earlier.max(trough);
+    }
+    let at_dump = alive + steps[next..].iter().map(|s| s.1).sum::<i64>();
+    (at_dump <= earlier + 1)
+        .then_some(WorkingSet::Level { at_dump: at_dump.max(0) as usize, earlier: earlier.max(0) as usize })
+}
+
 /// `Some(k)` when every block was made in the trace and they fall in only `k` (fewer than
 /// `min_leak_occurrences`) of as many equal parts of it, by event index.
 fn made_in_parts(cx: &Context, blocks: &[usize]) -> Option<usize> {
@@ -300,17 +428,17 @@ fn made_in_parts(cx: &Context, blocks: &[usize]) -> Option<usize> {
 }
 
 /// Groups that a trace without stacks shows to be a working set, not growth (see
-/// [`groups`]): `(line, blocks, bytes, parts of the trace they were made in)`.
-pub(crate) fn state_working_sets(cx: &Context) -> Vec<(FrameId, usize, u64, usize)> {
+/// [`groups`]): `(line, blocks, bytes, why)`.
+pub(crate) fn state_working_sets(cx: &Context) -> Vec<(FrameId, usize, u64, WorkingSet)> {
     if reading(cx) != Some(LeakOrigin::DumpStacksOnly) {
         return Vec::new();
     }
     state_groups(cx)
         .into_iter()
         .filter_map(|(line, (blocks, _))| {
-            let parts = made_in_parts(cx, &blocks)?;
+            let why = working_set(cx, &blocks)?;
             let bytes = blocks.iter().map(|&bi| cx.replay.blocks[bi].size).sum();
-            (bytes >= cx.thresholds.min_suspect_bytes).then_some((line, blocks.len(), bytes, parts))
+            (bytes >= cx.thresholds.min_suspect_bytes).then_some((line, blocks.len(), bytes, why))
         })
         .collect()
 }

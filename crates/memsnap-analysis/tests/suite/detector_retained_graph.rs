@@ -220,3 +220,20 @@ fn retained_graph_near_miss_hook_outputs_at_dump() {
     assert_none_of(&a, SuspectKind::RetainedGraph);
     let _ = the_one(&a, SuspectKind::ReferenceLeak);
 }
+
+/// Near miss, with a trace whose events carry no stacks (`context="state"`): the same 8 kept
+/// passes of five operations, but this model's operations make one block each, so the trace
+/// shows no twins (two blocks of one size that one operation makes one right after the other,
+/// as a norm's statistics are): what a hook on every module would keep, `reference_leak`, whose
+/// evidence counts the operations and says they may be graphs.
+#[test]
+fn retained_graph_near_miss_operations_without_twins() {
+    let mut p = Program::new(2);
+    for _ in 0..8 {
+        let _ = p.forward(&[top(30)], Grad::Enabled, false);
+    }
+    let a = analyze_snapshot(&common::recording::without_event_stacks(p.t.finish()));
+    assert_none_of(&a, SuspectKind::RetainedGraph);
+    let s = the_one(&a, SuspectKind::ReferenceLeak);
+    assert!(matches!(s.facts, Evidence::ReferenceLeak { operations: Some(5), .. }), "{}", describe(&a));
+}
