@@ -32,8 +32,10 @@
 //! says that it could be graphs of a model that saves no twins (no norm, or a batch norm in
 //! eval mode, which uses its running statistics: an evaluation without `no_grad`, z29, n02,
 //! s22). Without a trace nothing tells them apart, and the count of operations decides. A
-//! user's `saved_tensors_hooks` that stashes every saved tensor keeps what a graph keeps (q08),
-//! and so reads as graphs kept when its model has norms.
+//! user's `saved_tensors_hooks` that stashes every saved tensor keeps what a graph keeps: q08's
+//! model has no norm and reads as kept tensors, as it should; with norms it would read as graphs.
+//! Hooks on modules of one type and shape that run one after the other (a layer's `q_proj`,
+//! `k_proj` and `v_proj` without grouped keys) make twins too, and would read as graphs.
 //!
 //! Gradients are made by the autograd engine's own thread, which runs no Python: their blocks
 //! have no Python frame, and each has its parameter's size. A program holds one gradient per
