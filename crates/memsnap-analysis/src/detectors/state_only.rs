@@ -31,7 +31,12 @@
 //! at least `min_leak_occurrences` such twins; without them it stays `reference_leak`'s, and
 //! says that it could be graphs of a model that saves no twins (no norm, or a batch norm in
 //! eval mode, which uses its running statistics: an evaluation without `no_grad`, z29, n02,
-//! s22). Without a trace nothing tells them apart, and the count of operations decides. A
+//! s22). Twins are enough on their own, too: a model of fewer operations (an LSTM or GRU
+//! cell, whose saved gates come in twins; a small MLP with a norm) kept graphs show them (z03,
+//! u12, g01, u14, v11), and no module returns them. The exception is an operation with two
+//! outputs of one size that a user keeps (an LSTM's `(h, c)` kept detached each step), which
+//! would read as graphs. Without a trace nothing tells them apart, and the count of operations
+//! decides. A
 //! user's `saved_tensors_hooks` that stashes every saved tensor keeps what a graph keeps: q08's
 //! model has no norm and reads as kept tensors, as it should; with norms it would read as graphs.
 //! Hooks on modules of one type and shape that run one after the other (a layer's `q_proj`,
@@ -181,11 +186,13 @@ fn shape(cx: &Context, blocks: &[usize]) -> Shape {
         }
     }
     let repeated: Vec<usize> = per_op.into_values().filter(|&n| n >= th.min_leak_occurrences).collect();
-    if (repeated.len() as u64) < th.state_graph_min_ops {
-        return Shape::Tensors;
-    }
-    if !made_in_trace.is_empty() && twins(cx, made_in_trace) < th.min_leak_occurrences {
-        return Shape::OperationsWithoutTwins(repeated.len());
+    let many_ops = repeated.len() as u64 >= th.state_graph_min_ops;
+    // Twins need a trace; without one, the count of operations decides alone.
+    let has_twins = (!made_in_trace.is_empty()).then(|| twins(cx, made_in_trace) >= th.min_leak_occurrences);
+    match (many_ops, has_twins) {
+        (false, Some(true)) | (true, None | Some(true)) => {}
+        (false, _) => return Shape::Tensors,
+        (true, Some(false)) => return Shape::OperationsWithoutTwins(repeated.len()),
     }
     let mut lines: Vec<(FrameId, u64)> = per_line.into_iter().collect();
     lines.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
