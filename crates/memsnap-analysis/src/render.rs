@@ -103,9 +103,9 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
                     kept
                 ),
                 GraphHold::SeenAtDump => format!(
-                    "{} alive at the dump were made by {} different operations inside the model call at {}{}, each several times{}: what autograd saves for a backward, so the graphs of several passes are alive, and a reference to a tensor that carries them (a loss or an output kept without `.item()` / `.detach()`) keeps them. This is read from the dump alone (the trace has no stacks, as with `context=\"state\"`, or there is no trace), so which reference keeps them, and whether a backward ran, the file cannot say.",
+                    "{} alive at the dump were made by {} inside the model call at {}{}, each several times{}: what autograd saves for a backward, so the graphs of several passes are alive, and a reference to a tensor that carries them (a loss or an output kept without `.item()` / `.detach()`) keeps them. This is read from the dump alone (the trace has no stacks, as with `context=\"state\"`, or there is no trace), so which reference keeps them, and whether a backward ran, the file cannot say.",
                     plural(*held_blocks, "block", "blocks"),
-                    operations.unwrap_or_default(),
+                    plural(operations.unwrap_or_default() as u64, "operation", "different operations"),
                     site(forward_call),
                     lines,
                     graphs.map_or(String::new(), |k| format!(", in {}", plural(k as u64, "iteration", "iterations"))),
