@@ -299,13 +299,12 @@ fn scorecard_over_ring_windows() {
 fn scorecard_without_event_stacks() {
     const S: &str = "context-state";
     const KNOWN: &[(&str, &str, &str)] = &[
-        // A bounded store full at the dump (an LRU, a cache bounded by bytes, a window of recent
-        // losses) is many live blocks from one line, as a leak is; its evictions are frees
-        // without stacks, which name no line. Where blocks of its sizes stay level over the
-        // trace, it reads as a working set (`WorkingSet::Level`: p05, p11, s13, s33); not these.
-        ("l06_stacks_all_context_alloc_logmel_lru_cache_clean", S, "clean"),
+        // A bounded store full at the dump is many live blocks from one line, as a leak is; its
+        // evictions are frees without stacks, which name no line. Where blocks of its sizes stay
+        // level over the trace it reads as a working set (`WorkingSet::Level`: p05, s13, s33;
+        // `WorkingSet::Filled`, full by mid-trace: l06); not this cache bounded by bytes, whose
+        // entries differ in size, so that no count of blocks by size stays level.
         ("s01_frozen_encoder_state_cache_bounded_by_bytes_clean", S, "clean"),
-        ("z25_gru_loss_detach_history_clean", S, "clean"),
         // Kept graphs of models with fewer than `state_graph_min_ops` (5) operations that save
         // and no twins (an MLP of one `Linear` line and one activation line, an RNN run without
         // grad-saving twins): from the dump they look like a hook's kept outputs.

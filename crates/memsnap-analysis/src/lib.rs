@@ -457,6 +457,9 @@ fn analyze_device(
             detectors::state_only::WorkingSet::Level { at_dump, earlier } => format!(
                 "{head}, yet blocks of their sizes did not grow over the trace ({at_dump} alive at the dump, {earlier} at the low point of an iteration in its first half): what holds them is bounded (a pool, a queue with a maximum length, the latest output per module), so they are not reported as a leak"
             ),
+            detectors::state_only::WorkingSet::Filled { at_dump, level, iterations } => format!(
+                "{head}, yet blocks of their sizes stopped growing during the trace ({level} alive at the low point of each of its last {iterations} iterations, {at_dump} at the dump): what holds them filled up and then kept its size (a cache at its capacity, replacing entries), so they are not reported as a leak"
+            ),
         }
     }));
     // Kept graphs read from the dump alone: the trace has no stack to place a backward, so a

@@ -6,7 +6,8 @@
 //! alive at the dump, each with the stack that made it, grouped by the line that made them (the
 //! line that ran the model, for tensors made inside a model call). A trace without stacks still
 //! says *when* each live block was made: a group made in only a few parts of it did not
-//! accumulate (see [`groups`]).
+//! accumulate (see [`groups`]), a code path that made its few blocks in one iteration made them
+//! once, and one that made them in many iterations repeated ([`sift_by_iteration`]).
 //!
 //! Two shapes of group, told apart by what holds the intermediate tensors of a forward pass. A
 //! model's operations make tensors that die when the pass returns unless something holds them.
@@ -108,8 +109,8 @@ pub(crate) struct GraphShape {
 pub(crate) fn groups(cx: &Context, origin: LeakOrigin) -> Vec<Group> {
     let groups: Vec<Group> = state_groups(cx)
         .into_iter()
-        .filter(|(_, (blocks, _))| origin != LeakOrigin::DumpStacksOnly || working_set(cx, blocks).is_none())
-        .map(|(line, (blocks, stack))| {
+        .filter(|g| origin != LeakOrigin::DumpStacksOnly || working_set(cx, g).is_none())
+        .map(|LineBlocks { line, blocks, stack, .. }| {
             let (graph, operations_without_twins) = match shape(cx, &blocks) {
                 Shape::Graph(g) => (Some(g), None),
                 Shape::OperationsWithoutTwins(ops) => (None, Some(ops)),
@@ -303,13 +304,25 @@ fn stacks_only_at_dump(cx: &Context) -> bool {
     cx.replay.blocks.iter().any(|b| b.freed_at().is_none() && cx.dump_stacks.contains_key(&(dev, b.address)))
 }
 
-/// The state-only groups of at least `state_min_same_site_blocks` live blocks: line -> (blocks,
-/// the stack of the largest). Blocks of transformers' KV cache are left out: a model holds one
+/// Live blocks at the dump from one line, before they are read ([`state_groups`]).
+struct LineBlocks {
+    line: FrameId,
+    /// Indices into the replay's blocks, ascending.
+    blocks: Vec<usize>,
+    /// The stack of the largest.
+    stack: StackId,
+    /// A code path made them in at least `min_leak_occurrences` iterations of the trace
+    /// ([`sift_by_iteration`]).
+    repeated: bool,
+}
+
+/// The state-only groups, by line: those of at least `state_min_same_site_blocks` live blocks,
+/// or made by one code path in several iterations ([`sift_by_iteration`]). Blocks of transformers' KV cache are left out: a model holds one
 /// key and one value tensor per layer while it decodes (a 32-layer model, 64 blocks from the
 /// line that runs it), so at a dump taken during or right after generation they are many
 /// blocks from one line, and a dump alone cannot tell one request's cache from caches kept
 /// across requests (n24; [`state_kv_cache`] says so in a caveat).
-fn state_groups(cx: &Context) -> BTreeMap<FrameId, (Vec<usize>, StackId)> {
+fn state_groups(cx: &Context) -> Vec<LineBlocks> {
     let mut by: BTreeMap<FrameId, (Vec<usize>, StackId, u64)> = BTreeMap::new();
     for (bi, b, stack) in live_blocks_with_stacks(cx) {
         let info = cx.stacks.get(stack);
@@ -325,9 +338,73 @@ fn state_groups(cx: &Context) -> BTreeMap<FrameId, (Vec<usize>, StackId)> {
         }
     }
     by.into_iter()
-        .filter(|(_, (blocks, _, _))| blocks.len() as u64 >= cx.thresholds.state_min_same_site_blocks)
-        .map(|(line, (blocks, stack, _))| (line, (blocks, stack)))
+        .filter_map(|(line, (blocks, stack, _))| {
+            let (blocks, repeated) = sift_by_iteration(cx, blocks);
+            (repeated || blocks.len() as u64 >= cx.thresholds.state_min_same_site_blocks).then_some(LineBlocks {
+                line,
+                blocks,
+                stack,
+                repeated,
+            })
+        })
         .collect()
+}
+
+/// What a trace (without stacks) that has iterations tells of a group's `blocks`, by the
+/// iteration each was made in: the blocks less those of code paths that made them once, and
+/// whether some code path made blocks in at least `min_leak_occurrences` different iterations.
+/// Without a trace, or with fewer iteration boundaries than `min_leak_occurrences`, the blocks
+/// as they are and `false`.
+///
+/// Made once: a stack with fewer than `min_leak_occurrences` live blocks, all made within one
+/// iteration. Such blocks are state made on a first call and kept since (cuBLAS's 32 MiB
+/// workspace, made by the first matmul of a stream; cuDNN's dropout state, made the first time
+/// a GRU runs: z25), or the last iteration's tensors still bound. A leak runs the path that
+/// makes what it keeps once per iteration or per batch, so its stack has blocks from several
+/// iterations, or at least `min_leak_occurrences` of them (an evaluation loop between two
+/// optimizer steps). Left in, a first call's large blocks lend their bytes and their count to
+/// a line's repetition (z25: 40 MiB of the GRU's state beside eight 512-byte losses kept
+/// detached).
+///
+/// Repeated: a path that kept what it made in at least `min_leak_occurrences` iterations, in at
+/// least `leak_occurrence_share` of those from the first it kept in to the end of the trace, and
+/// on to that end (no longer gap after the last than between two), is growth by itself, however
+/// few its blocks (z04: one hook output kept per iteration, 7 blocks, under the
+/// `state_min_same_site_blocks` that a dump alone needs; p07: a leak that starts after a warm-up,
+/// in the trace's last two thirds only). The share and the gap are the full trace's tests of
+/// growth (`Context::is_growth`, `Context::is_unevicted_growth`): a cache keyed by shape adds an entry only when a new shape
+/// comes, ever more rarely (p11's masks per sequence length, made in 5 of 24 iterations).
+/// What holds repeated blocks bounded still shows as a working set ([`working_set`]).
+fn sift_by_iteration(cx: &Context, mut blocks: Vec<usize>) -> (Vec<usize>, bool) {
+    let bounds = &cx.phases.boundaries;
+    let occurrences = cx.thresholds.min_leak_occurrences;
+    if !cx.traced || bounds.len() < occurrences {
+        return (blocks, false);
+    }
+    // Per stack: live blocks, and the iterations they were made in (`None` for a block made
+    // before the trace).
+    let mut per_stack: BTreeMap<StackId, (usize, BTreeSet<Option<usize>>)> = BTreeMap::new();
+    for &bi in &blocks {
+        let b = &cx.replay.blocks[bi];
+        let iteration = b.alloc_event().map(|a| bounds.partition_point(|&x| x <= a));
+        let (n, made_in) = per_stack.entry(dump_stack(cx, b)).or_default();
+        *n += 1;
+        made_in.insert(iteration);
+    }
+    let made_once = |(n, made_in): &(usize, BTreeSet<Option<usize>>)| {
+        *n < occurrences && made_in.len() == 1 && !made_in.contains(&None)
+    };
+    blocks.retain(|&bi| !made_once(&per_stack[&dump_stack(cx, &cx.replay.blocks[bi])]));
+    let last = bounds.len();
+    let repeated = per_stack.values().any(|(_, made_in)| {
+        let kept: Vec<usize> = made_in.iter().flatten().copied().collect();
+        let (Some(&first), Some(&latest)) = (kept.first(), kept.last()) else { return false };
+        let widest_gap = kept.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+        kept.len() >= occurrences
+            && kept.len() as f64 >= cx.thresholds.leak_occurrence_share * (last + 1 - first) as f64
+            && last - latest <= widest_gap
+    });
+    (blocks, repeated)
 }
 
 /// KV-cache blocks alive at the dump that the state-only reading left out (see [`state_groups`]):
@@ -372,13 +449,25 @@ pub(crate) enum WorkingSet {
     /// the trace's events have no stacks: a block made and freed in the trace has no line;
     /// other lines' blocks of the same sizes add to both counts.
     Level { at_dump: usize, earlier: usize },
+    /// Blocks of the group's sizes, of any line, were exactly `level` at the trough of each of
+    /// the trace's last `iterations` iterations (its second half, at least
+    /// `min_leak_occurrences` of them) and at most one more at the dump (`at_dump`), though
+    /// fewer earlier: what holds them filled up during the trace's first half and then stopped
+    /// growing, as a cache does at its capacity, replacing its entries (l06: an LRU of 48
+    /// spectrograms, full by the fifth of ten steps). A leak that repeats at least every other
+    /// iteration adds blocks in that many iterations; the one more is, as for `Level`, what the
+    /// last iteration left bound.
+    Filled { at_dump: usize, level: usize, iterations: usize },
 }
 
-/// Whether the trace (without stacks) shows `blocks` to be a working set (see [`WorkingSet`]).
-/// Level is judged only with at least `min_leak_occurrences` iteration boundaries (two
-/// iterations or more).
-fn working_set(cx: &Context, blocks: &[usize]) -> Option<WorkingSet> {
-    if let Some(k) = made_in_parts(cx, blocks) {
+/// Whether the trace (without stacks) shows `group` to be a working set (see [`WorkingSet`]).
+/// Levels are judged only with at least `min_leak_occurrences` iteration boundaries (two
+/// iterations or more); a group made in few parts of the trace is a working set only if no code
+/// path of it repeated over iterations ([`sift_by_iteration`]: a leak that starts late in the
+/// trace, p07).
+fn working_set(cx: &Context, group: &LineBlocks) -> Option<WorkingSet> {
+    let blocks = &group.blocks;
+    if let Some(k) = made_in_parts(cx, blocks).filter(|_| !group.repeated) {
         return Some(WorkingSet::MadeInParts(k));
     }
     let bounds = &cx.phases.boundaries;
@@ -402,25 +491,40 @@ fn working_set(cx: &Context, blocks: &[usize]) -> Option<WorkingSet> {
     steps.sort_unstable();
     // The fewest alive in each iteration of the trace's first half: its trough, once the
     // iteration's own temporaries of those sizes (activations, their gradients) are freed.
-    let windows = bounds.len() - 1;
+    // The fewest alive in each iteration: its trough, once the iteration's own temporaries of
+    // those sizes (activations, their gradients) are freed.
     let mut next = 0;
-    let mut earlier: i64 = 0;
-    for w in bounds.windows(2).take(windows.div_ceil(2)) {
-        while next < steps.len() && steps[next].0 < w[0] {
-            alive += steps[next].1;
-            next += 1;
-        }
-        let mut trough = alive;
-        while next < steps.len() && steps[next].0 < w[1] {
-            alive += steps[next].1;
-            trough = trough.min(alive);
-            next += 1;
-        }
-        earlier = earlier.max(trough);
-    }
+    let troughs: Vec<i64> = bounds
+        .windows(2)
+        .map(|w| {
+            while next < steps.len() && steps[next].0 < w[0] {
+                alive += steps[next].1;
+                next += 1;
+            }
+            let mut trough = alive;
+            while next < steps.len() && steps[next].0 < w[1] {
+                alive += steps[next].1;
+                trough = trough.min(alive);
+                next += 1;
+            }
+            trough
+        })
+        .collect();
     let at_dump = alive + steps[next..].iter().map(|s| s.1).sum::<i64>();
-    (at_dump <= earlier + 1)
-        .then_some(WorkingSet::Level { at_dump: at_dump.max(0) as usize, earlier: earlier.max(0) as usize })
+    let (first_half, second_half) = troughs.split_at(troughs.len().div_ceil(2));
+    let earlier = first_half.iter().copied().max().unwrap_or(0);
+    if at_dump <= earlier + 1 {
+        return Some(WorkingSet::Level { at_dump: at_dump.max(0) as usize, earlier: earlier.max(0) as usize });
+    }
+    let level = second_half.iter().copied().min().unwrap_or(0);
+    (second_half.len() >= cx.thresholds.min_leak_occurrences
+        && second_half.iter().all(|&t| t == level)
+        && at_dump <= level + 1)
+        .then_some(WorkingSet::Filled {
+            at_dump: at_dump.max(0) as usize,
+            level: level.max(0) as usize,
+            iterations: second_half.len(),
+        })
 }
 
 /// `Some(k)` when every block was made in the trace and they fall in only `k` (fewer than
@@ -444,10 +548,10 @@ pub(crate) fn state_working_sets(cx: &Context) -> Vec<(FrameId, usize, u64, Work
     }
     state_groups(cx)
         .into_iter()
-        .filter_map(|(line, (blocks, _))| {
-            let why = working_set(cx, &blocks)?;
-            let bytes = blocks.iter().map(|&bi| cx.replay.blocks[bi].size).sum();
-            (bytes >= cx.thresholds.min_suspect_bytes).then_some((line, blocks.len(), bytes, why))
+        .filter_map(|g| {
+            let why = working_set(cx, &g)?;
+            let bytes = g.blocks.iter().map(|&bi| cx.replay.blocks[bi].size).sum();
+            (bytes >= cx.thresholds.min_suspect_bytes).then_some((g.line, g.blocks.len(), bytes, why))
         })
         .collect()
 }

@@ -510,3 +510,105 @@ fn reference_leak_near_miss_models_rebuilt_and_rebound() {
     sweep(&mut p, 4, false);
     assert_none_of(&analyze_snapshot(&p.t.finish()), SuspectKind::ReferenceLeak);
 }
+
+// ------------------------------------------------------------------------------------------
+// Read from the dump, with a trace whose events carry no stacks (`context="state"`)
+
+/// What `_record_memory_history(context="state")` holds of `p`'s run: the trace without a stack
+/// on any event, the optimizer's steps annotated as PyTorch annotates them.
+fn recorded_with_state_context(p: Program) -> Snapshot {
+    without_event_stacks(with_step_annotations(p.t.finish()))
+}
+
+/// A copy kept every step for 6 steps: 6 blocks from one line at the dump, fewer than a dump
+/// alone needs to suspect a line (`state_min_same_site_blocks`, 8), but the trace says they were
+/// made in 6 different iterations, one in each: growth.
+#[test]
+fn state_context_copy_kept_every_step_is_growth_though_few() {
+    let mut p = Program::new(2);
+    let steps = train(&mut p, Train { steps: 6, clone: Keep::Forever, ..Train::default() });
+    let a = analyze_snapshot(&recorded_with_state_context(p));
+    let s = the_one(&a, SuspectKind::ReferenceLeak);
+    assert_site(&s, TRAIN, 22, &a);
+    assert_eq!(s.bytes, 6 * steps.logits_bytes, "{}", describe(&a));
+}
+
+/// Near miss: a mask cached per sequence length (`masks[T] = ...`, line 33), made only when a
+/// new length comes: 5 lengths over 16 steps, in steps 0, 1, 2, 9 and 13, each of its own size.
+/// Made in 5 iterations, but in fewer than half of those from the first on: a cache keyed by
+/// shape that fills ever more slowly (p11), not growth, and 5 blocks are too few for a dump
+/// alone to suspect their line.
+#[test]
+fn state_context_near_miss_cache_keyed_by_shape() {
+    let mut p = Program::new(2);
+    let new_length_at = [(0, 6), (1, 7), (2, 9), (9, 11), (13, 13)];
+    for step in 0..16 {
+        if let Some(&(_, granules)) = new_length_at.iter().find(|(at, _)| *at == step) {
+            p.t.alloc(granules * GRANULE, &[(TRAIN, 33, "<module>")]);
+        }
+        step_with(&mut p, ZeroGrad::SetToNone, |p| p.step(&[top(19)]));
+    }
+    assert_no_suspects(&analyze_snapshot(&recorded_with_state_context(p)));
+}
+
+/// A hook keeps one `fc2` output per block and step, and the model's first call made a 32 MiB
+/// workspace inside it that stays (cuBLAS's, made by a stream's first matmul): both are blocks
+/// of the model call's line at the dump. The workspace's code path made one block, in the first
+/// iteration: state made once, not part of what grows, so the suspect's bytes are the outputs'
+/// alone (z25, n29: a first call's 33 MiB counted in).
+#[test]
+fn state_context_state_made_on_a_first_call_is_not_counted_in_growth() {
+    let mut p = Program::new(2);
+    let cublas =
+        chain(&[&[(LINEAR, 125, "forward"), CALL, WRAP, (MODEL, 22, "forward"), CALL, WRAP], &[CALL, WRAP, top(16)]]);
+    p.t.alloc(32 * MIB, &cublas);
+    let steps = train(&mut p, Train { steps: 6, hook: Keep::Forever, ..Train::default() });
+    let a = analyze_snapshot(&recorded_with_state_context(p));
+    let s = the_one(&a, SuspectKind::ReferenceLeak);
+    assert_site(&s, TRAIN, 16, &a);
+    assert_eq!(s.bytes, 6 * steps.fc2_bytes, "{}", describe(&a));
+}
+
+/// Bytes of one cached feature: a size no other block of the program has.
+const FEATURE: u64 = 5 * GRANULE;
+
+/// `cache[key] = feature` for 3 new keys a step (line 30), the least recently used entry evicted
+/// past `capacity` after each insertion; `steps` training steps.
+fn feature_cache(steps: usize, capacity: usize) -> Program {
+    let mut p = Program::new(2);
+    let mut cache = std::collections::VecDeque::new();
+    for _ in 0..steps {
+        for _ in 0..3 {
+            cache.push_back(p.t.alloc(FEATURE, &[(TRAIN, 30, "<module>")]));
+            if cache.len() > capacity {
+                let oldest = cache.pop_front().unwrap();
+                p.t.free(oldest, &[(TRAIN, 31, "<module>")]);
+            }
+        }
+        step_with(&mut p, ZeroGrad::SetToNone, |p| p.step(&[top(19)]));
+    }
+    p
+}
+
+/// A cache that fills during the first half of the trace (3 entries a step, 18 at most: full at
+/// the sixth of ten steps) and
+/// then keeps its size, replacing entries: at the dump 18 blocks from one line, more than in any
+/// iteration of the first half, but exactly 18 at the low point of each iteration of the second:
+/// it stopped growing (l06: an LRU of spectrograms), a working set said in a caveat.
+#[test]
+fn state_context_cache_full_by_mid_trace_is_a_working_set() {
+    let a = analyze_snapshot(&recorded_with_state_context(feature_cache(10, 18)));
+    assert_no_suspects(&a);
+    let caveats = &a.devices[0].caveats;
+    assert!(caveats.iter().any(|c| c.contains("stopped growing during the trace")), "{caveats:?}");
+}
+
+/// Near miss: the same cache with room for every entry: it grows by 3 blocks every step to the
+/// end, a leak.
+#[test]
+fn state_context_near_miss_cache_that_never_fills_grows() {
+    let a = analyze_snapshot(&recorded_with_state_context(feature_cache(10, 100)));
+    let s = the_one(&a, SuspectKind::ReferenceLeak);
+    assert_site(&s, TRAIN, 30, &a);
+    assert_eq!(s.bytes, 30 * FEATURE, "{}", describe(&a));
+}

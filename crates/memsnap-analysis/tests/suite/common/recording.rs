@@ -53,3 +53,34 @@ pub fn without_event_stacks(mut snap: Snapshot) -> Snapshot {
     }
     snap
 }
+
+/// `snap` with the `record_function` annotation PyTorch's optimizers open at every `step()`
+/// (`Optimizer.step#Adam.step`), as real recordings hold in `external_annotations`: a START at
+/// the first allocation of each run of allocations under `optim/adam.py`. A trace without
+/// stacks ([`without_event_stacks`]) finds its iterations by these alone.
+pub fn with_step_annotations(mut snap: Snapshot) -> Snapshot {
+    let in_adam = |stack: memsnap_model::StackId| {
+        snap.stacks[stack.0 as usize]
+            .frames
+            .iter()
+            .any(|&f| snap.strings[snap.frames[f.0 as usize].filename.0 as usize].ends_with("optim/adam.py"))
+    };
+    let mut starts = Vec::new();
+    for t in &snap.traces {
+        let mut inside = false;
+        for e in &t.events {
+            let adam = e.action() == memsnap_model::Action::Alloc && in_adam(e.stack);
+            if adam && !inside {
+                starts.push(memsnap_model::Annotation {
+                    name: "Optimizer.step#Adam.step".into(),
+                    start: true,
+                    device: t.device,
+                    time_us: e.time_us,
+                });
+            }
+            inside = adam || (inside && e.action() != memsnap_model::Action::Alloc);
+        }
+    }
+    snap.annotations.extend(starts);
+    snap
+}
