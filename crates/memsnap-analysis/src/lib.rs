@@ -440,9 +440,11 @@ fn analyze_device(
         dump_stacks,
         kept_backward: Default::default(),
         retained_held: Default::default(),
+        state_read: Default::default(),
     };
     let suspects = detectors::detect(&cx);
-    caveats.extend(detectors::state_only::state_working_sets(&cx).into_iter().map(|(line, blocks, bytes, why)| {
+    let working_sets = cx.state_reading().map_or(&[][..], |s| &s.working_sets[..]);
+    caveats.extend(working_sets.iter().map(|&(line, blocks, bytes, ref why)| {
         let head = format!(
             "{} alive at the dump ({}) come from {}",
             memsnap_model::plural(blocks as u64, "block", "blocks"),

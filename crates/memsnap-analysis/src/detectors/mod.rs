@@ -58,6 +58,8 @@ pub struct Context<'a> {
     pub kept_backward: std::sync::OnceLock<Vec<BackwardGroup>>,
     /// [`Context::held_by_retained_graph`], computed on first use.
     pub retained_held: std::sync::OnceLock<Vec<Option<u32>>>,
+    /// [`Context::state_reading`], computed on first use.
+    pub(crate) state_read: std::sync::OnceLock<Option<state_only::StateReading>>,
 }
 
 /// A detector: reads a [`Context`], returns findings.
@@ -327,6 +329,13 @@ impl Context<'_> {
         let after_last = eligible.len() - eligible.partition_point(|&e| e <= last);
         let widest_gap = kept.windows(2).map(|w| occurrences_between(eligible, w[0], w[1])).max().unwrap_or(0);
         kept.len() as f64 >= self.thresholds.unevicted_leak_share * from_first as f64 && after_last <= widest_gap
+    }
+
+    /// This device read from its dump alone (`state_only::read`), `None` when its trace can be
+    /// read: the groups `reference_leak` and `retained_graph` both take, and the working sets the
+    /// caveats name.
+    pub(crate) fn state_reading(&self) -> Option<&state_only::StateReading> {
+        self.state_read.get_or_init(|| state_only::read(self)).as_ref()
     }
 
     /// Kept backward-allocated blocks, grouped by backward line, with whether they look like

@@ -173,11 +173,12 @@ impl Detector for ReferenceLeak {
         // place any event, but the dump can speak as in a state-only file, with each live
         // block's stack read from the dump by its address. Groups shaped like kept autograd
         // graphs are `retained_graph`'s (see `state_only`).
-        if let Some(origin) = state_only::reading(cx) {
-            return state_only::groups(cx, origin)
-                .into_iter()
+        if let Some(state) = cx.state_reading() {
+            return state
+                .groups
+                .iter()
                 .filter(|g| g.graph.is_none())
-                .map(|g| state_only_finding(cx, origin, g))
+                .map(|g| state_only_finding(cx, state.origin, g))
                 .collect();
         }
         let lc = cx.lifecycle;
@@ -1265,7 +1266,7 @@ fn chains(cx: &Context, reported: &BTreeSet<Option<FrameId>>) -> Vec<(FrameId, V
 }
 
 /// A state-only group that is not shaped like kept graphs: many live blocks from one line.
-fn state_only_finding(cx: &Context, origin: LeakOrigin, g: state_only::Group) -> Finding {
+fn state_only_finding(cx: &Context, origin: LeakOrigin, g: &state_only::Group) -> Finding {
     Finding {
         occurrences: 0,
         kind: SuspectKind::ReferenceLeak,
@@ -1286,6 +1287,6 @@ fn state_only_finding(cx: &Context, origin: LeakOrigin, g: state_only::Group) ->
             before_trace: None,
             operations: g.operations_without_twins,
         },
-        blocks: g.blocks,
+        blocks: g.blocks.clone(),
     }
 }

@@ -66,8 +66,8 @@ impl Detector for RetainedGraph {
     fn detect(&self, cx: &Context) -> Vec<Finding> {
         // Read from the dump alone, graphs show as many operations' saved tensors alive at the
         // dump (`state_only`): the only shape of this kind such a file can show.
-        if let Some(origin) = state_only::reading(cx) {
-            return state_only::groups(cx, origin).into_iter().filter_map(|g| seen_at_dump(cx, g)).collect();
+        if let Some(state) = cx.state_reading() {
+            return state.groups.iter().filter_map(|g| seen_at_dump(cx, g)).collect();
         }
         let lc = cx.lifecycle;
         let th = cx.thresholds;
@@ -225,8 +225,8 @@ impl Detector for RetainedGraph {
 /// A state-only group with the shape of kept graphs (`state_only::GraphShape`): a leak, since
 /// several passes' graphs are alive, at the confidence of what rests on the dump alone. Site: the
 /// line that ran the model; the reference that keeps the graphs is not in the file.
-fn seen_at_dump(cx: &Context, g: state_only::Group) -> Option<Finding> {
-    let shape = g.graph?;
+fn seen_at_dump(cx: &Context, g: &state_only::Group) -> Option<Finding> {
+    let shape = g.graph.as_ref()?;
     Some(Finding {
         kind: SuspectKind::RetainedGraph,
         severity: Severity::Leak,
@@ -247,7 +247,7 @@ fn seen_at_dump(cx: &Context, g: state_only::Group) -> Option<Finding> {
             operations: Some(shape.ops),
         },
         occurrences: 0,
-        blocks: g.blocks,
+        blocks: g.blocks.clone(),
     })
 }
 

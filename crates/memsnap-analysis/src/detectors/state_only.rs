@@ -6,7 +6,7 @@
 //! alive at the dump, each with the stack that made it, grouped by the line that made them (the
 //! line that ran the model, for tensors made inside a model call). A trace without stacks still
 //! says *when* each live block was made: a group made in only a few parts of it did not
-//! accumulate (see [`groups`]), a code path that made its few blocks in one iteration made them
+//! accumulate (see [`read`]), a code path that made its few blocks in one iteration made them
 //! once, and one that made them in many iterations repeated ([`sift_by_iteration`]).
 //!
 //! Two shapes of group, told apart by what holds the intermediate tensors of a forward pass. A
@@ -98,27 +98,54 @@ pub(crate) struct GraphShape {
     pub lines: Vec<FrameId>,
 }
 
-/// The groups of this device, read as `origin` says (from [`reading`]). With a trace without
-/// stacks, not those the trace shows to be a working set ([`working_set`]), said in a caveat
-/// ([`state_working_sets`]).
+/// A device read from its dump alone: what both detectors (`reference_leak`, `retained_graph`)
+/// and the caveats take, computed once per device ([`Context::state_reading`]).
+pub(crate) struct StateReading {
+    /// How the dump is read ([`reading`]).
+    pub origin: LeakOrigin,
+    /// The groups ([`read`]).
+    pub groups: Vec<Group>,
+    /// The groups a trace without stacks shows to be a working set, not growth, of at least
+    /// `min_suspect_bytes`: `(line, blocks, bytes, why)`, said in caveats.
+    pub working_sets: Vec<(FrameId, usize, u64, WorkingSet)>,
+}
+
+/// This device read from its dump alone, `None` when its trace can be read ([`reading`]). With a
+/// trace without stacks, the groups the trace shows to be a working set ([`working_set`]) are
+/// not groups but working sets.
 ///
 /// Where groups read as kept graphs, a group whose every block a loss function made joins the
 /// largest of them: the loss's saved tensors (the log-probabilities `cross_entropy` saves) belong
 /// to the graph that runs from the loss back through the model, so they are kept with it, and
 /// read alone they would name the loss line as a second leak.
-pub(crate) fn groups(cx: &Context, origin: LeakOrigin) -> Vec<Group> {
-    let groups: Vec<Group> = state_groups(cx)
-        .into_iter()
-        .filter(|g| origin != LeakOrigin::DumpStacksOnly || working_set(cx, g).is_none())
-        .map(|LineBlocks { line, blocks, stack, .. }| {
-            let (graph, operations_without_twins) = match shape(cx, &blocks) {
-                Shape::Graph(g) => (Some(g), None),
-                Shape::OperationsWithoutTwins(ops) => (None, Some(ops)),
-                Shape::Tensors => (None, None),
-            };
-            Group { line, graph, operations_without_twins, blocks, stack }
-        })
-        .collect();
+pub(crate) fn read(cx: &Context) -> Option<StateReading> {
+    let origin = reading(cx)?;
+    let mut working_sets = Vec::new();
+    let mut groups = Vec::new();
+    for g in state_groups(cx) {
+        if origin == LeakOrigin::DumpStacksOnly {
+            if let Some(why) = working_set(cx, &g) {
+                let bytes = g.blocks.iter().map(|&bi| cx.replay.blocks[bi].size).sum();
+                if bytes >= cx.thresholds.min_suspect_bytes {
+                    working_sets.push((g.line, g.blocks.len(), bytes, why));
+                }
+                continue;
+            }
+        }
+        let LineBlocks { line, blocks, stack, .. } = g;
+        let (graph, operations_without_twins) = match shape(cx, &blocks) {
+            Shape::Graph(g) => (Some(g), None),
+            Shape::OperationsWithoutTwins(ops) => (None, Some(ops)),
+            Shape::Tensors => (None, None),
+        };
+        groups.push(Group { line, graph, operations_without_twins, blocks, stack });
+    }
+    Some(StateReading { origin, groups: with_loss_in_graphs(cx, groups), working_sets })
+}
+
+/// `groups` with each group whose every block a loss function made joined to the largest group
+/// read as kept graphs, when there is one (see [`read`]).
+fn with_loss_in_graphs(cx: &Context, groups: Vec<Group>) -> Vec<Group> {
     let bytes = |g: &Group| g.blocks.iter().map(|&bi| cx.replay.blocks[bi].size).sum::<u64>();
     let Some(largest_graph) = (0..groups.len())
         .filter(|&i| groups[i].graph.is_some())
@@ -538,20 +565,4 @@ fn made_in_parts(cx: &Context, blocks: &[usize]) -> Option<usize> {
     let made: Option<BTreeSet<u64>> =
         blocks.iter().map(|&bi| cx.replay.blocks[bi].alloc_event().map(|a| a as u64 * parts / n)).collect();
     made.filter(|m| (m.len() as u64) < parts).map(|m| m.len())
-}
-
-/// Groups that a trace without stacks shows to be a working set, not growth (see
-/// [`groups`]): `(line, blocks, bytes, why)`.
-pub(crate) fn state_working_sets(cx: &Context) -> Vec<(FrameId, usize, u64, WorkingSet)> {
-    if reading(cx) != Some(LeakOrigin::DumpStacksOnly) {
-        return Vec::new();
-    }
-    state_groups(cx)
-        .into_iter()
-        .filter_map(|g| {
-            let why = working_set(cx, &g)?;
-            let bytes = g.blocks.iter().map(|&bi| cx.replay.blocks[bi].size).sum();
-            (bytes >= cx.thresholds.min_suspect_bytes).then_some((g.line, g.blocks.len(), bytes, why))
-        })
-        .collect()
 }
