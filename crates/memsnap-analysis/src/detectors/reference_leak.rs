@@ -393,6 +393,19 @@ impl Detector for ReferenceLeak {
         // trace (a leak that starts after a warm-up, or keeps one step in a few); or, for
         // optimizer state, made again and again for the same parameters and never let go, on
         // to the end.
+        // A wrapped ring's trace may hold too few of a line's occurrences; a like block the line
+        // kept alive from before the trace's first event is one more (`made_before_trace`),
+        // unless a block of like size made before the trace was let go once the line had begun
+        // keeping in the trace (`let_go_since`): perhaps a store that evicts what it held.
+        let kept_before_the_trace = |key: &Key, g: &Group| match *key {
+            Key::Line(Some(line), o @ (Origin::Trained | Origin::NoGrad | Origin::GraphReleased | Origin::User)) => {
+                let origin = if o == Origin::User { LeakOrigin::UserCode } else { LeakOrigin::TrainedForward };
+                let first_kept = g.blocks.iter().filter_map(|&bi| cx.replay.blocks[bi].alloc_event()).min();
+                made_before_trace(cx, line, origin, &g.blocks).is_some()
+                    && first_kept.is_some_and(|from| !let_go_since(cx, &g.blocks, from))
+            }
+            _ => false,
+        };
         let grows_anyhow = |key: &Key, g: &Group| {
             cx.is_growth(g.kept.len(), g.eligible.len())
                 || matches!(key, Key::Line(_, Origin::Trained | Origin::NoGrad | Origin::GraphReleased | Origin::User))
@@ -400,6 +413,7 @@ impl Detector for ReferenceLeak {
                     && cx.is_unevicted_growth(&g.kept, &g.eligible)
                 || remade.get(key).is_some_and(|r| cx.is_unevicted_growth(r, &g.eligible))
                 || orphaned.contains_key(key)
+                || !g.evicted && cx.is_growth(g.kept.len() + 1, g.eligible.len() + 1) && kept_before_the_trace(key, g)
         };
         // Unless the line stopped making what it keeps while the loop went on for as long again:
         // a fill that stopped (a cache keyed by the input once every key was met, a dataset
@@ -993,6 +1007,23 @@ fn made_before_trace(cx: &Context, line: FrameId, origin: LeakOrigin, kept: &[us
         })
         .fold((0u64, 0u64), |(n, s), b| (n + 1, s + b.size));
     (blocks > 0).then_some(BeforeTrace { blocks, bytes })
+}
+
+/// Whether a block made before the trace, of a size within those of `kept`, was let go at or
+/// after event `from` (the first of `kept` made in the trace). Its free names no line it was
+/// made at (its allocation is not in the trace), so any such block counts. A store bounded by a
+/// policy (an LRU, a pool, a replay buffer) evicts entries made before the trace as it inserts
+/// new ones, so after its first insertion in the trace (l06, s33, v08 cut to their last 20-50%);
+/// a leak lets none of its own go, and what a pass had in flight when the trace began dies in
+/// that pass, before a line that keeps after the backward keeps anything. A leak whose kept
+/// tensors are made inside a pass that began before the trace is held back when the pass's
+/// in-flight tensors share their sizes.
+fn let_go_since(cx: &Context, kept: &[usize], from: u32) -> bool {
+    let Some(sizes) = size_range(cx, kept) else { return false };
+    cx.replay
+        .blocks
+        .iter()
+        .any(|b| b.alloc_event().is_none() && sizes.contains(&b.size) && b.freed_at().is_some_and(|f| f >= from))
 }
 
 /// The iterations in which the optimizer state kept from one `step()` line was made for
