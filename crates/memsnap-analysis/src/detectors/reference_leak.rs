@@ -388,24 +388,28 @@ impl Detector for ReferenceLeak {
             .filter(|(_, its)| its.len() >= cx.thresholds.min_leak_occurrences)
             .collect();
 
-        // Growth: kept in a large enough share of the occurrences; or, for tensors of forward
-        // passes and of user code, none of which was ever let go, kept on to the end of the
-        // trace (a leak that starts after a warm-up, or keeps one step in a few); or, for
-        // optimizer state, made again and again for the same parameters and never let go, on
-        // to the end.
         // A wrapped ring's trace may hold too few of a line's occurrences; a like block the line
         // kept alive from before the trace's first event is one more (`made_before_trace`),
         // unless a block of like size made before the trace was let go once the line had begun
         // keeping in the trace (`let_go_since`): perhaps a store that evicts what it held.
-        let kept_before_the_trace = |key: &Key, g: &Group| match *key {
-            Key::Line(Some(line), o @ (Origin::Trained | Origin::NoGrad | Origin::GraphReleased | Origin::User)) => {
-                let origin = if o == Origin::User { LeakOrigin::UserCode } else { LeakOrigin::TrainedForward };
-                let first_kept = g.blocks.iter().filter_map(|&bi| cx.replay.blocks[bi].alloc_event()).min();
-                made_before_trace(cx, line, origin, &g.blocks).is_some()
-                    && first_kept.is_some_and(|from| !let_go_since(cx, &g.blocks, from))
-            }
-            _ => false,
+        let kept_before_the_trace = |key: &Key, g: &Group| {
+            let (line, origin) = match *key {
+                Key::Line(Some(line), Origin::Trained) => (line, LeakOrigin::TrainedForward),
+                Key::Line(Some(line), Origin::NoGrad) => (line, LeakOrigin::NoGradForward),
+                Key::Line(Some(line), Origin::GraphReleased) => (line, LeakOrigin::ReleasedGraphForward),
+                Key::Line(Some(line), Origin::User) => (line, LeakOrigin::UserCode),
+                _ => return false,
+            };
+            let first_kept = g.blocks.iter().filter_map(|&bi| cx.replay.blocks[bi].alloc_event()).min();
+            made_before_trace(cx, line, origin, &g.blocks).is_some()
+                && first_kept.is_some_and(|from| !let_go_since(cx, &g.blocks, from))
         };
+        // Growth: kept in a large enough share of the occurrences; or, for tensors of forward
+        // passes and of user code, none of which was ever let go, kept on to the end of the
+        // trace (a leak that starts after a warm-up, or keeps one step in a few); or, for
+        // optimizer state, made again and again for the same parameters and never let go, on
+        // to the end; or, in a wrapped ring, kept in a large enough share once the like blocks
+        // the line kept before the trace count as one more occurrence.
         let grows_anyhow = |key: &Key, g: &Group| {
             cx.is_growth(g.kept.len(), g.eligible.len())
                 || matches!(key, Key::Line(_, Origin::Trained | Origin::NoGrad | Origin::GraphReleased | Origin::User))
