@@ -338,13 +338,14 @@ struct LineBlocks {
     blocks: Vec<usize>,
     /// The stack of the largest.
     stack: StackId,
-    /// A code path made them in at least `min_leak_occurrences` iterations of the trace
-    /// ([`sift_by_iteration`]).
+    /// A code path made them over the trace's iterations as growth does (the "repeated" of
+    /// [`sift_by_iteration`]).
     repeated: bool,
 }
 
 /// The state-only groups, by line: those of at least `state_min_same_site_blocks` live blocks,
-/// or made by one code path in several iterations ([`sift_by_iteration`]). Blocks of transformers' KV cache are left out: a model holds one
+/// or whose blocks one code path made over iterations ([`sift_by_iteration`]). Blocks of
+/// transformers' KV cache are left out: a model holds one
 /// key and one value tensor per layer while it decodes (a 32-layer model, 64 blocks from the
 /// line that runs it), so at a dump taken during or right after generation they are many
 /// blocks from one line, and a dump alone cannot tell one request's cache from caches kept
@@ -399,8 +400,9 @@ fn state_groups(cx: &Context) -> Vec<LineBlocks> {
 /// few its blocks (z04: one hook output kept per iteration, 7 blocks, under the
 /// `state_min_same_site_blocks` that a dump alone needs; p07: a leak that starts after a warm-up,
 /// in the trace's last two thirds only). The share and the gap are the full trace's tests of
-/// growth (`Context::is_growth`, `Context::is_unevicted_growth`): a cache keyed by shape adds an entry only when a new shape
-/// comes, ever more rarely (p11's masks per sequence length, made in 5 of 24 iterations).
+/// growth (`Context::is_growth`, `Context::is_unevicted_growth`): a cache keyed by shape adds
+/// an entry only when a new shape comes, ever more rarely (p11's masks per sequence length, made
+/// in 5 of 24 iterations).
 /// What holds repeated blocks bounded still shows as a working set ([`working_set`]).
 fn sift_by_iteration(cx: &Context, mut blocks: Vec<usize>) -> (Vec<usize>, bool) {
     let bounds = &cx.phases.boundaries;
@@ -481,9 +483,9 @@ pub(crate) enum WorkingSet {
     /// `min_leak_occurrences` of them) and at most one more at the dump (`at_dump`), though
     /// fewer earlier: what holds them filled up during the trace's first half and then stopped
     /// growing, as a cache does at its capacity, replacing its entries (l06: an LRU of 48
-    /// spectrograms, full by the fifth of ten steps). A leak that repeats at least every other
-    /// iteration adds blocks in that many iterations; the one more is, as for `Level`, what the
-    /// last iteration left bound.
+    /// spectrograms, full by the fifth of ten steps). A leak that keeps at least every other
+    /// iteration adds a block within any three, so its low points rise over those iterations;
+    /// the one more is, as for `Level`, what the last iteration left bound.
     Filled { at_dump: usize, level: usize, iterations: usize },
 }
 
