@@ -404,6 +404,18 @@ impl Detector for ReferenceLeak {
             made_before_trace(cx, line, origin, &g.blocks).is_some()
                 && first_kept.is_some_and(|from| !let_go_since(cx, &g.blocks, from))
         };
+        // Asked once per group (each question scans the replay's blocks), and only of groups
+        // that one more occurrence would make grow.
+        let grows_with_before_trace: BTreeSet<Key> = groups
+            .iter()
+            .filter(|(key, g)| {
+                !g.evicted
+                    && !cx.is_growth(g.kept.len(), g.eligible.len())
+                    && cx.is_growth(g.kept.len() + 1, g.eligible.len() + 1)
+                    && kept_before_the_trace(key, g)
+            })
+            .map(|(key, _)| *key)
+            .collect();
         // Growth: kept in a large enough share of the occurrences; or, for tensors of forward
         // passes and of user code, none of which was ever let go, kept on to the end of the
         // trace (a leak that starts after a warm-up, or keeps one step in a few); or, for
@@ -417,7 +429,7 @@ impl Detector for ReferenceLeak {
                     && cx.is_unevicted_growth(&g.kept, &g.eligible)
                 || remade.get(key).is_some_and(|r| cx.is_unevicted_growth(r, &g.eligible))
                 || orphaned.contains_key(key)
-                || !g.evicted && cx.is_growth(g.kept.len() + 1, g.eligible.len() + 1) && kept_before_the_trace(key, g)
+                || grows_with_before_trace.contains(key)
         };
         // Unless the line stopped making what it keeps while the loop went on for as long again:
         // a fill that stopped (a cache keyed by the input once every key was met, a dataset

@@ -412,18 +412,19 @@ fn sift_by_iteration(cx: &Context, mut blocks: Vec<usize>) -> (Vec<usize>, bool)
     }
     // Per stack: live blocks, and the iterations they were made in (`None` for a block made
     // before the trace).
+    let stacks: Vec<StackId> = blocks.iter().map(|&bi| dump_stack(cx, &cx.replay.blocks[bi])).collect();
     let mut per_stack: BTreeMap<StackId, (usize, BTreeSet<Option<usize>>)> = BTreeMap::new();
-    for &bi in &blocks {
-        let b = &cx.replay.blocks[bi];
-        let iteration = b.alloc_event().map(|a| bounds.partition_point(|&x| x <= a));
-        let (n, made_in) = per_stack.entry(dump_stack(cx, b)).or_default();
+    for (&bi, &stack) in blocks.iter().zip(&stacks) {
+        let iteration = cx.replay.blocks[bi].alloc_event().map(|a| bounds.partition_point(|&x| x <= a));
+        let (n, made_in) = per_stack.entry(stack).or_default();
         *n += 1;
         made_in.insert(iteration);
     }
     let made_once = |(n, made_in): &(usize, BTreeSet<Option<usize>>)| {
         *n < occurrences && made_in.len() == 1 && !made_in.contains(&None)
     };
-    blocks.retain(|&bi| !made_once(&per_stack[&dump_stack(cx, &cx.replay.blocks[bi])]));
+    let mut stacks = stacks.into_iter();
+    blocks.retain(|_| !made_once(&per_stack[&stacks.next().expect("one stack per block")]));
     let last = bounds.len();
     let repeated = per_stack.values().any(|(_, made_in)| {
         let kept: Vec<usize> = made_in.iter().flatten().copied().collect();
