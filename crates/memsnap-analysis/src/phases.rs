@@ -476,20 +476,46 @@ pub(crate) fn most_frequent(items: impl Iterator<Item = Option<FrameId>>) -> Opt
     counts.iter().max_by(|a, b| a.1.cmp(&b.1).then(b.2.cmp(&a.2))).map(|c| Some(c.0))
 }
 
-/// Iterations from `record_function` annotations: the most frequent START name with at least
-/// two occurrences, mapped to the first event at or after each start time.
+/// The prefix of the annotation every `torch.optim` optimizer makes around its step
+/// (`Optimizer.step#AdamW.step`: `torch/optim/optimizer.py`, `profile_hook_step`), once per
+/// step and so once per training iteration, whatever other regions the program annotated.
+const OPTIMIZER_STEP_ANNOTATION: &str = "Optimizer.step#";
+
+/// Iterations from `record_function` annotations, mapped to the first event at or after each
+/// start time. Which repeating name (≥ 2 starts) marks an iteration:
+/// - an optimizer's step (`OPTIMIZER_STEP_ANNOTATION`): the optimizer opens it once per step,
+///   so it marks training iterations by the optimizer's own hand, whatever else the program
+///   annotated (a region per layer, per micro-batch, per collective, per loaded batch, repeating
+///   more often than the step; a region per epoch, less often);
+/// - otherwise, regions nest (`record_function` is a context manager), and an iteration is the
+///   outermost region that repeats: a name whose every start lies inside a region of another
+///   repeating name is a part of something larger (a layer inside a request), however often it
+///   repeats. A region opened once (around the whole run, or the profiler's `ProfilerStep#3`)
+///   encloses no iterations of its own and hides nothing;
+/// - of those, the most frequent (ties to the first by name).
 fn annotation_iterations(events: &[TraceEvent], annotations: &[Annotation]) -> Option<(String, Vec<u32>)> {
-    let mut counts: Vec<(&str, usize)> = Vec::new();
-    for a in annotations.iter().filter(|a| a.start && a.time_us != NO_TIME) {
-        match counts.iter_mut().find(|c| c.0 == a.name) {
-            Some(c) => c.1 += 1,
-            None => counts.push((&a.name, 1)),
-        }
-    }
-    let (name, count) = counts.iter().max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(a.0)))?;
-    if *count < 2 || events.iter().all(|e| e.time_us == NO_TIME) {
+    if events.iter().all(|e| e.time_us == NO_TIME) {
         return None;
     }
+    let regions = annotation_regions(annotations);
+    let repeating: Vec<&(&str, Vec<(usize, usize)>)> = regions.iter().filter(|(_, spans)| spans.len() >= 2).collect();
+    let inside_another = |name: &str, at: usize| {
+        repeating
+            .iter()
+            .any(|(other, spans)| *other != name && spans.iter().any(|&(from, to)| from < at && at < to))
+    };
+    let by_count =
+        |a: &&&(&str, Vec<(usize, usize)>), b: &&&(&str, Vec<(usize, usize)>)| a.1.len().cmp(&b.1.len()).then(b.0.cmp(a.0));
+    let (name, _) = repeating
+        .iter()
+        .filter(|(name, _)| name.starts_with(OPTIMIZER_STEP_ANNOTATION))
+        .max_by(by_count)
+        .or_else(|| {
+            repeating
+                .iter()
+                .filter(|(name, spans)| !spans.iter().all(|&(at, _)| inside_another(name, at)))
+                .max_by(by_count)
+        })?;
     let mut bounds: Vec<u32> = annotations
         .iter()
         .filter(|a| a.start && a.name == *name && a.time_us != NO_TIME)
@@ -499,4 +525,127 @@ fn annotation_iterations(events: &[TraceEvent], annotations: &[Annotation]) -> O
     bounds.sort_unstable();
     bounds.dedup();
     (bounds.len() >= 2).then(|| (name.to_string(), bounds))
+}
+
+/// Each annotation name's regions as `(start, end)` positions in the annotation list, which is
+/// in the order the program opened and closed them (times are microseconds and can tie). A
+/// START is paired with the next END of its name that closes it (regions of one name nest like
+/// brackets); a region still open at the dump ends at `usize::MAX`. Annotations without a time
+/// are left out. Names in order of first start, so that the choice above does not depend on a
+/// hash.
+fn annotation_regions(annotations: &[Annotation]) -> Vec<(&str, Vec<(usize, usize)>)> {
+    let mut regions: Vec<(&str, Vec<(usize, usize)>, Vec<usize>)> = Vec::new();
+    for (at, a) in annotations.iter().enumerate().filter(|(_, a)| a.time_us != NO_TIME) {
+        let k = match regions.iter().position(|r| r.0 == a.name) {
+            Some(k) => k,
+            None if a.start => {
+                regions.push((&a.name, Vec::new(), Vec::new()));
+                regions.len() - 1
+            }
+            None => continue,
+        };
+        let (_, spans, open) = &mut regions[k];
+        if a.start {
+            open.push(spans.len());
+            spans.push((at, usize::MAX));
+        } else if let Some(j) = open.pop() {
+            spans[j].1 = at;
+        }
+    }
+    regions.into_iter().map(|(name, spans, _)| (name, spans)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One allocation per microsecond, 0..n.
+    fn events(n: i64) -> Vec<TraceEvent> {
+        (0..n)
+            .map(|t| {
+                let mut e = TraceEvent::new(Action::Alloc, t as u64);
+                e.time_us = t;
+                e
+            })
+            .collect()
+    }
+
+    fn region(out: &mut Vec<Annotation>, name: &str, from: i64, to: i64) {
+        for (start, time_us) in [(true, from), (false, to)] {
+            out.push(Annotation { name: name.into(), start, device: 0, time_us });
+        }
+    }
+
+    /// Steps of 100 µs: six "block" regions in the forward (not inside any other region), then
+    /// the optimizer's step. The optimizer's step marks the iterations, not the blocks.
+    #[test]
+    fn per_layer_regions_do_not_make_iterations_when_an_optimizer_steps() {
+        let mut ann = Vec::new();
+        for step in 0..4 {
+            let t0 = step * 100;
+            for layer in 0..6 {
+                region(&mut ann, "block", t0 + 10 * layer, t0 + 10 * layer + 8);
+            }
+            region(&mut ann, "Optimizer.step#AdamW.step", t0 + 80, t0 + 90);
+        }
+        let (name, bounds) = annotation_iterations(&events(400), &ann).unwrap();
+        assert_eq!(name, "Optimizer.step#AdamW.step");
+        assert_eq!(bounds, vec![80, 180, 280, 380]);
+    }
+
+    /// A program that wraps each step in a region of its own: what repeats inside it (a region
+    /// per micro-batch, opened three times a step) is part of the step, though more frequent;
+    /// and a region that starts in the same microsecond as the step's is still inside it, by
+    /// the order of the list.
+    #[test]
+    fn regions_inside_a_repeating_region_are_parts_of_its_iterations() {
+        let mut ann = Vec::new();
+        for step in 0..3 {
+            let t0 = step * 100;
+            ann.push(Annotation { name: "train_step".into(), start: true, device: 0, time_us: t0 });
+            for mb in 0..3 {
+                region(&mut ann, "micro_batch", t0 + 20 * mb, t0 + 20 * mb + 15);
+            }
+            ann.push(Annotation { name: "train_step".into(), start: false, device: 0, time_us: t0 + 90 });
+        }
+        let (name, bounds) = annotation_iterations(&events(300), &ann).unwrap();
+        assert_eq!(name, "train_step");
+        assert_eq!(bounds, vec![0, 100, 200]);
+    }
+
+    /// Regions per epoch around the optimizer's steps repeat too, less often: the steps mark
+    /// the iterations.
+    #[test]
+    fn an_optimizer_step_inside_epoch_regions_still_marks_the_iterations() {
+        let mut ann = Vec::new();
+        for epoch in 0..2 {
+            let t0 = epoch * 200;
+            ann.push(Annotation { name: "epoch".into(), start: true, device: 0, time_us: t0 });
+            for step in 0..4 {
+                region(&mut ann, "Optimizer.step#SGD.step", t0 + 50 * step + 40, t0 + 50 * step + 45);
+            }
+            ann.push(Annotation { name: "epoch".into(), start: false, device: 0, time_us: t0 + 199 });
+        }
+        let (name, bounds) = annotation_iterations(&events(400), &ann).unwrap();
+        assert_eq!(name, "Optimizer.step#SGD.step");
+        assert_eq!(bounds, vec![40, 90, 140, 190, 240, 290, 340, 390]);
+    }
+
+    /// A region opened once, around the whole run, hides nothing: the requests inside it are
+    /// the iterations, not the layers inside them.
+    #[test]
+    fn a_region_opened_once_encloses_no_iterations() {
+        let mut ann = Vec::new();
+        ann.push(Annotation { name: "serve".into(), start: true, device: 0, time_us: 0 });
+        for k in 0..5 {
+            ann.push(Annotation { name: "request".into(), start: true, device: 0, time_us: k * 50 });
+            for layer in 0..4 {
+                region(&mut ann, "layer", k * 50 + 10 * layer, k * 50 + 10 * layer + 5);
+            }
+            ann.push(Annotation { name: "request".into(), start: false, device: 0, time_us: k * 50 + 45 });
+        }
+        let (name, bounds) = annotation_iterations(&events(400), &ann).unwrap();
+        assert_eq!(name, "request");
+        assert_eq!(bounds, vec![0, 50, 100, 150, 200]);
+    }
 }
