@@ -408,6 +408,15 @@ pub fn lifecycle(
         .collect();
     trained.sort_unstable();
     let checkpointed_training_saves = trained.get(trained.len() / 2).copied();
+    // A backward that freed some pass's saved tensors ran without `retain_graph=True`, which
+    // keeps the saved tensors of every node the backward reaches or of none: a grad-on pass right
+    // before it whose tensors it did not free was not reached. Its graph does not feed that loss
+    // (an off-task head scored with grad on, a metric's forward), so the backward retained
+    // nothing of it: the pass is unconsumed, like any grad-on pass no backward ran through.
+    let mut frees_saved = vec![false; phases.backwards.len()];
+    for &bw in consumer.iter().flatten() {
+        frees_saved[bw] = true;
+    }
     // Fates.
     units.par_iter_mut().zip(&consumer).zip(&evidence).for_each(|((unit, consumer), &(saved_stacks, checkpointed))| {
         let share = |f: f64| unit.survived_pass as f64 >= f * unit.pass_blocks as f64;
@@ -424,7 +433,7 @@ pub fn lifecycle(
             None => {
                 let next = phases.backwards.partition_point(|b| b.span.start < unit.span.end);
                 match phases.backwards.get(next) {
-                    Some(b) if unit.grad_on && b.span.start == unit.span.end => {
+                    Some(b) if unit.grad_on && b.span.start == unit.span.end && !frees_saved[next] => {
                         UnitFate::RetainedByBackward { backward: next }
                     }
                     _ => UnitFate::Unconsumed,
