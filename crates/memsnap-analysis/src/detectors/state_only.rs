@@ -41,7 +41,8 @@
 //! user's `saved_tensors_hooks` that stashes every saved tensor keeps what a graph keeps: q08's
 //! model has no norm and reads as kept tensors, as it should; with norms it would read as graphs.
 //! Hooks on modules of one type and shape that run one after the other (a layer's `q_proj`,
-//! `k_proj` and `v_proj` without grouped keys) make twins too, and would read as graphs.
+//! `k_proj` and `v_proj` without grouped keys: s40) make outputs of one operation and size with
+//! no allocation between, but from different caller lines; twins are one call's, of one stack.
 //!
 //! Gradients are made by the autograd engine's own thread, which runs no Python: their blocks
 //! have no Python frame, and each has its parameter's size. A program holds one gradient per
@@ -199,8 +200,8 @@ fn shape(cx: &Context, blocks: &[usize]) -> Shape {
     // live blocks it made inside a model call.
     let mut per_op: BTreeMap<FrameId, usize> = BTreeMap::new();
     let mut per_line: BTreeMap<FrameId, u64> = BTreeMap::new();
-    // (allocation event, operation, size) of those made in the trace
-    let mut made_in_trace: Vec<(u32, FrameId, u64)> = Vec::new();
+    // (allocation event, call stack, size) of those made in the trace
+    let mut made_in_trace: Vec<(u32, StackId, u64)> = Vec::new();
     for &bi in blocks {
         let info = block_info(cx, bi);
         let Some(op) = info.innermost_python.filter(|_| info.forward) else { continue };
@@ -210,7 +211,7 @@ fn shape(cx: &Context, blocks: &[usize]) -> Shape {
             *per_line.entry(line).or_default() += b.size;
         }
         if let Some(at) = b.alloc_event() {
-            made_in_trace.push((at, op, b.size));
+            made_in_trace.push((at, dump_stack(cx, b), b.size));
         }
     }
     let repeated: Vec<usize> = per_op.into_values().filter(|&n| n >= th.min_leak_occurrences).collect();
@@ -242,21 +243,23 @@ fn shape(cx: &Context, blocks: &[usize]) -> Shape {
     })
 }
 
-/// Pairs of blocks `made` (allocation event, operation, size) by the same operation, of the same
-/// size, one right after the other: no allocation between them in the trace. A norm makes its
-/// statistics that way (`batch_norm`'s saved mean and inverse deviation per channel,
-/// `layer_norm`'s mean and reciprocal deviation per row), as does a line that computes an
-/// expression of several operations; autograd saves them for the backward, and no hook, output
-/// list or cache sees them, since a module returns its output only. Hooks on every leaf module
-/// (s36) keep as many different operations' tensors as a graph does, one output per module call,
-/// and a module call's output never follows another of the same operation and size with no
-/// allocation between unless two modules of one type and shape follow each other.
-fn twins(cx: &Context, mut made: Vec<(u32, FrameId, u64)>) -> usize {
+/// Pairs of blocks `made` (allocation event, call stack, size) by one call of one operation, of
+/// the same size, one right after the other: the same stack, no allocation between them in the
+/// trace. A norm makes its statistics that way (`batch_norm`'s saved mean and inverse deviation
+/// per channel, `layer_norm`'s mean and reciprocal deviation per row), as does a line that
+/// computes an expression of several operations; autograd saves them for the backward, and no
+/// hook, output list or cache sees them, since a module returns its output only. Hooks on every
+/// leaf module (s36) keep as many different operations' tensors as a graph does, one output per
+/// module call; two modules of one type and shape called one after the other (a Llama layer's
+/// `q_proj`, `k_proj` and `v_proj`: s40) make outputs of one operation and size with no
+/// allocation between, but from different lines of the caller, so with different stacks: one
+/// operation's allocations all carry the stack of its one call.
+fn twins(cx: &Context, mut made: Vec<(u32, StackId, u64)>) -> usize {
     made.sort_unstable();
     made.windows(2)
         .filter(|w| {
-            let ((a, op_a, size_a), (b, op_b, size_b)) = (w[0], w[1]);
-            op_a == op_b
+            let ((a, stack_a, size_a), (b, stack_b, size_b)) = (w[0], w[1]);
+            stack_a == stack_b
                 && size_a == size_b
                 && cx.events[a as usize + 1..b as usize].iter().all(|e| e.action() != Action::Alloc)
         })
