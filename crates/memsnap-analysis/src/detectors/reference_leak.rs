@@ -1025,21 +1025,26 @@ fn made_before_trace(cx: &Context, line: FrameId, origin: LeakOrigin, kept: &[us
     (blocks > 0).then_some(BeforeTrace { blocks, bytes })
 }
 
-/// Whether a block made before the trace, of a size within those of `kept`, was let go at or
-/// after event `from` (the first of `kept` made in the trace). Its free names no line it was
-/// made at (its allocation is not in the trace), so any such block counts. A store bounded by a
-/// policy (an LRU, a pool, a replay buffer) evicts entries made before the trace as it inserts
-/// new ones, so after its first insertion in the trace (l06, s33, v08 cut to their last 20-50%);
-/// a leak lets none of its own go, and what a pass had in flight when the trace began dies in
-/// that pass, before a line that keeps after the backward keeps anything. A leak whose kept
-/// tensors are made inside a pass that began before the trace is held back when the pass's
-/// in-flight tensors share their sizes.
+/// Whether a block made before the trace, of a size within those of `kept`, was let go by the
+/// program at or after event `from` (the first of `kept` made in the trace). Its free names no
+/// line it was made at (its allocation is not in the trace), so any such block counts. A store
+/// bounded by a policy (an LRU, a pool, a replay buffer) evicts entries made before the trace as
+/// it inserts new ones, so after its first insertion in the trace (l06, s33, v08 cut to their
+/// last 20-50%); a leak lets none of its own go. Frees inside a backward pass or an optimizer's
+/// step do not count: there autograd lets go the saved tensors of the graph it runs through,
+/// and `zero_grad` the gradients, not the program's code a store's entries: what a pass had in
+/// flight when the trace began, or the step before's gradients, of the kept tensors' sizes by
+/// chance (t03 cut to its last fifth keeps a 4 MiB gradient mask per step, the size of its
+/// widest weight's gradient, which `zero_grad` and the backward's hooks let go; it was held
+/// back). A leak whose kept tensors are
+/// made inside a pass that began before the trace is still held back when too few occurrences
+/// are in the trace (s45, `fixtures/limits`).
 fn let_go_since(cx: &Context, kept: &[usize], from: u32) -> bool {
     let Some(sizes) = size_range(cx, kept) else { return false };
-    cx.replay
-        .blocks
-        .iter()
-        .any(|b| b.alloc_event().is_none() && sizes.contains(&b.size) && b.freed_at().is_some_and(|f| f >= from))
+    let by_program = |f: u32| cx.phases.backward_at(f).is_none() && !cx.phases.in_optimizer(f);
+    cx.replay.blocks.iter().any(|b| {
+        b.alloc_event().is_none() && sizes.contains(&b.size) && b.freed_at().is_some_and(|f| f >= from && by_program(f))
+    })
 }
 
 /// The iterations in which the optimizer state kept from one `step()` line was made for
