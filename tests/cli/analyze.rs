@@ -541,6 +541,18 @@ fn a_state_only_trace_names_the_lines_of_memory_held_at_the_dump() {
 }
 
 #[test]
+fn a_trace_without_stacks_counts_iterations_by_the_optimizer_step_not_by_a_region_per_layer() {
+    // s42: a transformer trained 8 steps, recorded with `context="state"`, each of its 6 blocks
+    // run inside `record_function("block")`: 48 "block" regions, 8 optimizer steps. The steps are
+    // the iterations (the most frequent region made 48 before).
+    let out = analyze(&fixture_with_prefix("extra28b", "s42_"));
+    let p = &out["devices"][0]["phases"];
+    assert_eq!(p["iteration_source"], "annotation", "{p}");
+    assert_eq!(p["iteration_annotation"], "Optimizer.step#AdamW.step", "{p}");
+    assert_eq!(p["iterations"], 8, "{p}");
+}
+
+#[test]
 fn a_growing_input_whose_passes_grow_with_it_is_shape_growth_not_a_leak() {
     // A sequence-length curriculum: the batch is re-made larger each step and the previous one
     // freed on rebinding (a chain like `queue = torch.cat([queue, k])`), but the passes it feeds
