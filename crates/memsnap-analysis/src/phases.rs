@@ -488,71 +488,65 @@ const OPTIMIZER_STEP_ANNOTATION: &str = "Optimizer.step#";
 ///   annotated (a region per layer, per micro-batch, per collective, per loaded batch, repeating
 ///   more often than the step; a region per epoch, less often);
 /// - otherwise, regions nest (`record_function` is a context manager), and an iteration is the
-///   outermost region that repeats: a name whose every start lies inside a region of another
-///   repeating name is a part of something larger (a layer inside a request), however often it
-///   repeats. A region opened once (around the whole run, or the profiler's `ProfilerStep#3`)
-///   encloses no iterations of its own and hides nothing;
+///   outermost region that repeats: a name whose every start lies inside an open region of
+///   another repeating name is a part of something larger (a layer inside a request), however
+///   often it repeats. A region opened once (around the whole run, or the profiler's
+///   `ProfilerStep#3`) encloses no iterations of its own and hides nothing;
 /// - of those, the most frequent (ties to the first by name).
+///
+/// The annotation list is in the order the program opened and closed its regions (times are
+/// microseconds and can tie), so one walk over it tells which regions are open at each start;
+/// an END closes the latest open region of its name. Annotations without a time are left out.
+/// Linear in the annotations, however many names they have.
 fn annotation_iterations(events: &[TraceEvent], annotations: &[Annotation]) -> Option<(String, Vec<u32>)> {
     if events.iter().all(|e| e.time_us == NO_TIME) {
         return None;
     }
-    let regions = annotation_regions(annotations);
-    let repeating: Vec<&(&str, Vec<(usize, usize)>)> = regions.iter().filter(|(_, spans)| spans.len() >= 2).collect();
-    let inside_another = |name: &str, at: usize| {
-        repeating
+    let timed = || annotations.iter().filter(|a| a.time_us != NO_TIME);
+    // Per name: starts, regions open now, and whether every start so far lay inside another
+    // repeating name's open region.
+    #[derive(Default)]
+    struct Name {
+        starts: usize,
+        open: usize,
+        always_inside: bool,
+    }
+    let mut names: rustc_hash::FxHashMap<&str, Name> = Default::default();
+    for a in timed().filter(|a| a.start) {
+        names.entry(&a.name).or_insert(Name { always_inside: true, ..Name::default() }).starts += 1;
+    }
+    let repeats = |n: &Name| n.starts >= 2;
+    let mut open_repeating = 0usize;
+    for a in timed() {
+        let Some(n) = names.get_mut(a.name.as_str()).filter(|n| repeats(n)) else { continue };
+        if a.start {
+            if open_repeating == n.open {
+                n.always_inside = false;
+            }
+            n.open += 1;
+            open_repeating += 1;
+        } else if n.open > 0 {
+            n.open -= 1;
+            open_repeating -= 1;
+        }
+    }
+    let pick = |keep: &dyn Fn(&str, &Name) -> bool| {
+        names
             .iter()
-            .any(|(other, spans)| *other != name && spans.iter().any(|&(from, to)| from < at && at < to))
+            .filter(|(name, n)| repeats(n) && keep(name, n))
+            .max_by(|a, b| a.1.starts.cmp(&b.1.starts).then(b.0.cmp(a.0)))
+            .map(|(name, _)| *name)
     };
-    let by_count =
-        |a: &&&(&str, Vec<(usize, usize)>), b: &&&(&str, Vec<(usize, usize)>)| a.1.len().cmp(&b.1.len()).then(b.0.cmp(a.0));
-    let (name, _) = repeating
-        .iter()
-        .filter(|(name, _)| name.starts_with(OPTIMIZER_STEP_ANNOTATION))
-        .max_by(by_count)
-        .or_else(|| {
-            repeating
-                .iter()
-                .filter(|(name, spans)| !spans.iter().all(|&(at, _)| inside_another(name, at)))
-                .max_by(by_count)
-        })?;
-    let mut bounds: Vec<u32> = annotations
-        .iter()
-        .filter(|a| a.start && a.name == *name && a.time_us != NO_TIME)
+    let name =
+        pick(&|name, _| name.starts_with(OPTIMIZER_STEP_ANNOTATION)).or_else(|| pick(&|_, n| !n.always_inside))?;
+    let mut bounds: Vec<u32> = timed()
+        .filter(|a| a.start && a.name == name)
         .map(|a| events.partition_point(|e| e.time_us == NO_TIME || e.time_us < a.time_us) as u32)
         .filter(|&i| (i as usize) < events.len())
         .collect();
     bounds.sort_unstable();
     bounds.dedup();
     (bounds.len() >= 2).then(|| (name.to_string(), bounds))
-}
-
-/// Each annotation name's regions as `(start, end)` positions in the annotation list, which is
-/// in the order the program opened and closed them (times are microseconds and can tie). A
-/// START is paired with the next END of its name that closes it (regions of one name nest like
-/// brackets); a region still open at the dump ends at `usize::MAX`. Annotations without a time
-/// are left out. Names in order of first start, so that the choice above does not depend on a
-/// hash.
-fn annotation_regions(annotations: &[Annotation]) -> Vec<(&str, Vec<(usize, usize)>)> {
-    let mut regions: Vec<(&str, Vec<(usize, usize)>, Vec<usize>)> = Vec::new();
-    for (at, a) in annotations.iter().enumerate().filter(|(_, a)| a.time_us != NO_TIME) {
-        let k = match regions.iter().position(|r| r.0 == a.name) {
-            Some(k) => k,
-            None if a.start => {
-                regions.push((&a.name, Vec::new(), Vec::new()));
-                regions.len() - 1
-            }
-            None => continue,
-        };
-        let (_, spans, open) = &mut regions[k];
-        if a.start {
-            open.push(spans.len());
-            spans.push((at, usize::MAX));
-        } else if let Some(j) = open.pop() {
-            spans[j].1 = at;
-        }
-    }
-    regions.into_iter().map(|(name, spans, _)| (name, spans)).collect()
 }
 
 #[cfg(test)]

@@ -1036,9 +1036,8 @@ fn made_before_trace(cx: &Context, line: FrameId, origin: LeakOrigin, kept: &[us
 /// flight when the trace began, or the step before's gradients, of the kept tensors' sizes by
 /// chance (t03 cut to its last fifth keeps a 4 MiB gradient mask per step, the size of its
 /// widest weight's gradient, which `zero_grad` and the backward's hooks let go; it was held
-/// back). A leak whose kept tensors are
-/// made inside a pass that began before the trace is still held back when too few occurrences
-/// are in the trace (s45, `fixtures/limits`).
+/// back). A leak whose kept tensors are made inside a pass that began before the trace is still
+/// held back when too few occurrences are in the trace (s45, `fixtures/limits`).
 fn let_go_since(cx: &Context, kept: &[usize], from: u32) -> bool {
     let Some(sizes) = size_range(cx, kept) else { return false };
     let by_program = |f: u32| cx.phases.backward_at(f).is_none() && !cx.phases.in_optimizer(f);
