@@ -27,7 +27,8 @@
 //! different operations' tensors as a graph (s36: a CNN's convolutions, norms, activations,
 //! poolings). What tells autograd apart is what it saves that no module returns: a norm's
 //! statistics (`batch_norm`'s mean and inverse deviation per channel, `layer_norm`'s per row),
-//! two blocks of one size that one operation makes one right after the other ([`twins`]). So
+//! two blocks of one size that one call of an operation makes one right after the other, with
+//! one stack ([`twins`]). So
 //! with a trace (its events without stacks) a group reads as graphs only when its blocks show
 //! at least `min_leak_occurrences` such twins; without them it stays `reference_leak`'s, and
 //! says that it could be graphs of a model that saves no twins (no norm, or a batch norm in
