@@ -50,6 +50,23 @@ enum Origin {
     Construction,
 }
 
+impl Origin {
+    /// The finding's origin where the group's origin alone decides it; `None` for optimizer
+    /// state, whose kind depends on what the group shows (L-BFGS history, state remade or
+    /// orphaned).
+    fn leak_origin(self) -> Option<LeakOrigin> {
+        match self {
+            Origin::Trained => Some(LeakOrigin::TrainedForward),
+            Origin::NoGrad => Some(LeakOrigin::NoGradForward),
+            Origin::GraphReleased => Some(LeakOrigin::ReleasedGraphForward),
+            Origin::User => Some(LeakOrigin::UserCode),
+            Origin::Backward => Some(LeakOrigin::Backward),
+            Origin::Construction => Some(LeakOrigin::ModelsKept),
+            Origin::Optimizer => None,
+        }
+    }
+}
+
 #[derive(Default)]
 struct Group {
     blocks: Vec<usize>,
@@ -392,14 +409,10 @@ impl Detector for ReferenceLeak {
         // kept alive from before the trace's first event is one more (`made_before_trace`),
         // unless a block of like size made before the trace was let go once the line had begun
         // keeping in the trace (`let_go_since`): perhaps a store that evicts what it held.
+        // (`made_before_trace` finds blocks only for outputs of passes and for user code.)
         let kept_before_the_trace = |key: &Key, g: &Group| {
-            let (line, origin) = match *key {
-                Key::Line(Some(line), Origin::Trained) => (line, LeakOrigin::TrainedForward),
-                Key::Line(Some(line), Origin::NoGrad) => (line, LeakOrigin::NoGradForward),
-                Key::Line(Some(line), Origin::GraphReleased) => (line, LeakOrigin::ReleasedGraphForward),
-                Key::Line(Some(line), Origin::User) => (line, LeakOrigin::UserCode),
-                _ => return false,
-            };
+            let Key::Line(Some(line), o) = *key else { return false };
+            let Some(origin) = o.leak_origin() else { return false };
             let first_kept = g.blocks.iter().filter_map(|&bi| cx.replay.blocks[bi].alloc_event()).min();
             made_before_trace(cx, line, origin, &g.blocks).is_some()
                 && first_kept.is_some_and(|from| !let_go_since(cx, &g.blocks, from))
@@ -481,27 +494,23 @@ impl Detector for ReferenceLeak {
             let (line, origin) = match key {
                 Key::Line(l, o) => (
                     l,
-                    match o {
-                        Origin::Trained => LeakOrigin::TrainedForward,
-                        Origin::NoGrad => LeakOrigin::NoGradForward,
-                        Origin::GraphReleased => LeakOrigin::ReleasedGraphForward,
-                        Origin::User => LeakOrigin::UserCode,
-                        Origin::Backward => LeakOrigin::Backward,
-                        Origin::Construction => LeakOrigin::ModelsKept,
-                        Origin::Optimizer if cx.stacks.get(g.largest.1).lbfgs => LeakOrigin::OptimizerHistory,
-                        Origin::Optimizer if orphaned.contains_key(&key) => LeakOrigin::OptimizerStateOrphaned,
+                    // Optimizer state (`None`): which kind it is depends on what the group shows.
+                    match o.leak_origin() {
+                        Some(origin) => origin,
+                        None if cx.stacks.get(g.largest.1).lbfgs => LeakOrigin::OptimizerHistory,
+                        None if orphaned.contains_key(&key) => LeakOrigin::OptimizerStateOrphaned,
                         // Made in every iteration for the same parameters: no new parameters,
                         // so not their state. The user's own step keeps something per step
                         // (k04), or a new optimizer is made each iteration.
-                        Origin::Optimizer if remade.get(&key).is_some_and(|r| r.len() == g.kept.len()) => {
+                        None if remade.get(&key).is_some_and(|r| r.len() == g.kept.len()) => {
                             if cx.stacks.get(g.largest.1).optimizer_code {
                                 LeakOrigin::OptimizerKeepsPerStep
                             } else {
                                 LeakOrigin::OptimizerStateRemade
                             }
                         }
-                        Origin::Optimizer if cx.is_growth(g.kept.len(), g.eligible.len()) => LeakOrigin::OptimizerState,
-                        Origin::Optimizer => LeakOrigin::OptimizerStateRemade,
+                        None if cx.is_growth(g.kept.len(), g.eligible.len()) => LeakOrigin::OptimizerState,
+                        None => LeakOrigin::OptimizerStateRemade,
                     },
                 ),
                 Key::Unattributed => (None, LeakOrigin::Unattributed),

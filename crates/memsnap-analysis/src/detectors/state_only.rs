@@ -204,15 +204,16 @@ fn shape(cx: &Context, blocks: &[usize]) -> Shape {
     // (allocation event, call stack, size) of those made in the trace
     let mut made_in_trace: Vec<(u32, StackId, u64)> = Vec::new();
     for &bi in blocks {
-        let info = block_info(cx, bi);
+        let b = &cx.replay.blocks[bi];
+        let stack = dump_stack(cx, b);
+        let info = cx.stacks.get(stack);
         let Some(op) = info.innermost_python.filter(|_| info.forward) else { continue };
         *per_op.entry(op).or_default() += 1;
-        let b = &cx.replay.blocks[bi];
         if let Some(line) = info.module_call.or(info.site) {
             *per_line.entry(line).or_default() += b.size;
         }
         if let Some(at) = b.alloc_event() {
-            made_in_trace.push((at, dump_stack(cx, b), b.size));
+            made_in_trace.push((at, stack, b.size));
         }
     }
     let repeated: Vec<usize> = per_op.into_values().filter(|&n| n >= th.min_leak_occurrences).collect();
