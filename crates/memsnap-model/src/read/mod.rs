@@ -50,8 +50,9 @@ pub struct ReadOptions<'p> {
     pub progress: Option<&'p mut dyn FnMut(usize)>,
     pub progress_every: usize,
     /// The pickle's size when something other than the pickle says it (a regular file's
-    /// length), else 0. It only lets a `FRAME` longer than the file be reported as truncation
-    /// where it is; nothing else depends on it.
+    /// length), else 0. It lets a `FRAME` longer than the file be reported as truncation where
+    /// it is, and bounds the parallel reader's window to a share of the pickle (without it, to
+    /// a share of the bytes read so far); the output does not depend on it.
     pub size_hint: u64,
     /// Bytes of the input as stored (compressed), counted while it is read (see
     /// [`memsnap_pickle::CountingReader`]); the object budget is measured against it. `None`
@@ -207,6 +208,7 @@ fn read_source<'a, S: Source<'a>>(source: S, opts: ReadOptions<'_>) -> Result<Sn
         parallel: !opts.sequential,
         keep_events: opts.events,
         chunk_bytes: opts.chunk_bytes,
+        input_len: opts.size_hint,
         ..Builder::default()
     };
     // String 0 is always "" (see `StrId::EMPTY`).
@@ -318,6 +320,9 @@ struct Builder {
     whole_window_end: u64,
     /// [`ReadOptions::chunk_bytes`].
     chunk_bytes: usize,
+    /// [`ReadOptions::size_hint`]: the pickle's size when known (0: not), which bounds the
+    /// parallel reader's window (`parallel::cut`).
+    input_len: u64,
     /// Whether events are kept (they are tallied per list either way; a summary read keeps
     /// only the tallies).
     keep_events: bool,
@@ -782,7 +787,7 @@ impl Compactor for Builder {
 
     fn ahead_bytes(&self, offset: u64) -> usize {
         if self.parallel && offset >= self.resume_at {
-            parallel::window_bytes(self.chunk_bytes)
+            parallel::cut(self.chunk_bytes, self.input_len, offset).window
         } else {
             0
         }

@@ -51,23 +51,50 @@ const CHUNKS_PER_THREAD: usize = 3;
 /// The smallest window asked for, whatever the threads and chunk size.
 const MIN_WINDOW: usize = 4 << 20;
 
-/// The chunk size: [`ReadOptions::chunk_bytes`](crate::ReadOptions) when set, else
-/// [`CHUNK_BYTES`].
-fn chunk_bytes(configured: usize) -> usize {
-    if configured == 0 {
-        CHUNK_BYTES
-    } else {
-        configured
-    }
+/// The window is at most this share of the pickle (its size when known, else the bytes read so
+/// far), so that the memory it and its chunks' tables take stays a small part of the input
+/// however many threads there are. On the 87 MB bench file `summary`'s peak grew from 26 MB on
+/// 2 threads to 77 MB on 16 (48 MiB windows), past the 0.35x the file `summary` is held to; a
+/// sixteenth (5.2 MiB there) keeps it at 25-27 MB on 2 to 16 threads, and leaves every window
+/// of the 1 GB bench file as it was up to 16 threads (docs/performance.md).
+const WINDOW_SHARE_OF_INPUT: u64 = 16;
+/// The smallest chunk a window is cut into when it is bounded by [`WINDOW_SHARE_OF_INPUT`]
+/// (about 3 000 entries): below it, references to objects of earlier chunks (frames, keys),
+/// which the merge resolves on one thread, become a larger share of each chunk's work.
+const MIN_CHUNK_BYTES: usize = 256 << 10;
+
+/// How the parallel reader cuts the input: the window shown at a time and the chunks in it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Cut {
+    pub window: usize,
+    pub chunk: usize,
 }
 
-/// Bytes to be shown at a time: [`CHUNKS_PER_THREAD`] chunks for each of rayon's threads,
-/// from [`MIN_WINDOW`] up to the VM's cap.
-pub(super) fn window_bytes(configured: usize) -> usize {
-    rayon::current_num_threads()
-        .saturating_mul(CHUNKS_PER_THREAD)
-        .saturating_mul(chunk_bytes(configured))
-        .clamp(MIN_WINDOW, memsnap_pickle::MAX_FAST_FORWARD_WINDOW)
+/// The cut at pickle offset `offset` of a pickle of `input_len` bytes (0: unknown):
+/// [`CHUNKS_PER_THREAD`] chunks of [`CHUNK_BYTES`] for each of rayon's threads, from
+/// [`MIN_WINDOW`] up to the VM's cap, and no more than [`WINDOW_SHARE_OF_INPUT`] of the input,
+/// the chunks made smaller (to [`MIN_CHUNK_BYTES`]) so that every thread still has some.
+/// A configured chunk size ([`ReadOptions::chunk_bytes`](crate::ReadOptions), for tests) is
+/// kept as it is.
+pub(super) fn cut(configured: usize, input_len: u64, offset: u64) -> Cut {
+    let threads = rayon::current_num_threads().max(1);
+    let window_for = |chunk: usize| {
+        threads
+            .saturating_mul(CHUNKS_PER_THREAD)
+            .saturating_mul(chunk)
+            .clamp(MIN_WINDOW, memsnap_pickle::MAX_FAST_FORWARD_WINDOW)
+    };
+    if configured != 0 {
+        return Cut { window: window_for(configured), chunk: configured };
+    }
+    let full = window_for(CHUNK_BYTES);
+    let known = if input_len > 0 { input_len } else { offset };
+    let share = usize::try_from(known / WINDOW_SHARE_OF_INPUT).unwrap_or(usize::MAX).max(MIN_WINDOW);
+    if share >= full {
+        return Cut { window: full, chunk: CHUNK_BYTES };
+    }
+    let chunk = (share / threads.saturating_mul(CHUNKS_PER_THREAD)).clamp(MIN_CHUNK_BYTES, CHUNK_BYTES);
+    Cut { window: share, chunk }
 }
 
 /// After a window that read little (less than a quarter of it) the VM reads this far alone
@@ -91,7 +118,7 @@ pub(super) fn fast_forward(b: &mut Builder, ahead: Ahead<'_, '_>) -> Result<Opti
         return Ok(None);
     }
     let Some(frame_rel) = frame_end.checked_sub(offset) else { return Ok(None) };
-    let (bounds, chain_to_end) = chunk_bounds(bytes, frame_rel, chunk_bytes(b.chunk_bytes));
+    let (bounds, chain_to_end) = chunk_bounds(bytes, frame_rel, cut(b.chunk_bytes, b.input_len, offset).chunk);
     if bounds.len() < 2 || !batch_starts(bytes, 0, view, true) {
         // Not a trace going on (the end of one, or a small list): the VM reads on alone for a
         // while, so that a pickle of many small lists does not fill a window per list.
@@ -378,4 +405,47 @@ fn batch_starts(data: &[u8], pos: usize, view: StoreView<'_, '_>, bare: bool) ->
         _ => None,
     };
     matches!(idx.and_then(|i| view.memo_get(i)), Some(MemoRef::Value(Value::Str(s))) if view.heap.str(s) == "action")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cut_on(threads: usize, configured: usize, input_len: u64, offset: u64) -> Cut {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("a pool");
+        pool.install(|| cut(configured, input_len, offset))
+    }
+
+    /// Many threads on a mid-sized file: the window is held to a share of the file, and its
+    /// chunks shrink so that every thread still gets some (but not below the floor).
+    #[test]
+    fn many_threads_do_not_grow_the_window_past_a_share_of_the_input() {
+        let file = 88_000_000u64;
+        let wide = cut_on(16, 0, file, 0);
+        assert_eq!(wide.window as u64, file / WINDOW_SHARE_OF_INPUT);
+        assert!(wide.chunk >= MIN_CHUNK_BYTES && wide.chunk < CHUNK_BYTES, "{wide:?}");
+        assert!(wide.window / wide.chunk >= 16, "every thread has a chunk: {wide:?}");
+        // Two threads' window fits in the share: as it was, chunks of CHUNK_BYTES.
+        let narrow = cut_on(2, 0, 200_000_000, 0);
+        assert_eq!(narrow, Cut { window: 2 * CHUNKS_PER_THREAD * CHUNK_BYTES, chunk: CHUNK_BYTES });
+    }
+
+    /// A file of unknown size (compressed): bounded by what was read so far, never below
+    /// MIN_WINDOW; a large file read far is not bounded at all.
+    #[test]
+    fn an_input_of_unknown_size_is_bounded_by_the_bytes_read_so_far() {
+        assert_eq!(cut_on(16, 0, 0, 0).window, MIN_WINDOW);
+        assert_eq!(cut_on(16, 0, 0, 0).chunk, MIN_CHUNK_BYTES);
+        let far = cut_on(8, 0, 0, 4 << 30);
+        assert_eq!(far, Cut { window: 8 * CHUNKS_PER_THREAD * CHUNK_BYTES, chunk: CHUNK_BYTES });
+        // Past the VM's cap the window is the cap's, in chunks of CHUNK_BYTES, as before.
+        let capped = cut_on(16, 0, 0, 4 << 30);
+        assert_eq!(capped, Cut { window: memsnap_pickle::MAX_FAST_FORWARD_WINDOW, chunk: CHUNK_BYTES });
+    }
+
+    /// The tests' chunk size is kept whatever the input's size.
+    #[test]
+    fn a_configured_chunk_size_is_kept() {
+        assert_eq!(cut_on(4, 4096, 1 << 20, 0), Cut { window: MIN_WINDOW, chunk: 4096 });
+    }
 }
