@@ -553,6 +553,27 @@ fn a_trace_without_stacks_counts_iterations_by_the_optimizer_step_not_by_a_regio
 }
 
 #[test]
+fn a_leak_read_from_dump_stacks_says_in_which_iterations_the_trace_made_its_blocks() {
+    // s43 (`context="state"`): a list keeps each step's last block output. The dump's stacks name
+    // the line; the trace's events, found by address, say when each kept block was made: 7 of
+    // its 8 blocks in the trace's 8 iterations, one each, the other before the first optimizer
+    // step that starts the first iteration.
+    let out = analyze(&fixture_with_prefix("extra28b", "s43_"));
+    let s = &out["suspects"][0];
+    assert_eq!(s["kind"], "reference_leak", "{s}");
+    assert_eq!(s["facts"]["origin"], "dump_stacks_only", "{s}");
+    assert_eq!((s["facts"]["blocks"].as_u64(), s["facts"]["occurrences"].as_u64()), (Some(8), Some(7)), "{s}");
+    assert_eq!(s["facts"]["eligible"], 8, "{s}");
+    assert!(s["evidence"].as_str().unwrap().contains("say when they were made: in 7 of 8 iterations"), "{s}");
+    // Without a trace (`enabled="state"`) nothing says when: none of none, and no such words.
+    let z08 = analyze(&fixture("extra3/z08_state_only_inference_cache.pickle.xz"));
+    let leak = z08["suspects"].as_array().unwrap().iter().find(|s| s["facts"]["origin"] == "state_only");
+    let leak = leak.expect("a state-only reference_leak");
+    assert_eq!((leak["facts"]["occurrences"].as_u64(), leak["facts"]["eligible"].as_u64()), (Some(0), Some(0)), "{leak}");
+    assert!(!leak["evidence"].as_str().unwrap().contains("say when"), "{leak}");
+}
+
+#[test]
 fn a_growing_input_whose_passes_grow_with_it_is_shape_growth_not_a_leak() {
     // A sequence-length curriculum: the batch is re-made larger each step and the previous one
     // freed on rebinding (a chain like `queue = torch.cat([queue, k])`), but the passes it feeds

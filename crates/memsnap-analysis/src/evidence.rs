@@ -103,6 +103,14 @@ impl Occurrence {
             Occurrence::Call => "call",
         }
     }
+
+    pub fn plural_name(self) -> &'static str {
+        match self {
+            Occurrence::Iteration => "iterations",
+            Occurrence::Pass => "passes",
+            Occurrence::Call => "calls",
+        }
+    }
 }
 
 /// What keeps a graph alive.

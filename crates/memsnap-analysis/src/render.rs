@@ -182,13 +182,18 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
                 let ops = operations.map_or(String::new(), |n| format!(
                     " They were made by {n} different operations inside the model call, each several times, as autograd's saved tensors are, but the trace shows none of the statistics a norm saves for its backward (two blocks of one size made one right after the other), which no hook or output list ever sees: so they read as outputs kept per module (a forward hook on every module, a per-layer log); if nothing keeps module outputs, they are the graphs of a model that saves no such statistics (no norm layer, or norms in eval mode), kept by a loss or an output stored without `.item()` / `.detach()`."
                 ));
-                format!("{} {what}.{ops} {tail}.", plural(*blocks, "block", "blocks"))
-            } else {
-                let many = match occurrence {
-                    Occurrence::Iteration => "iterations",
-                    Occurrence::Pass => "passes",
-                    Occurrence::Call => "calls",
+                // Without stacks in the trace, its events still say when each block was made.
+                let when = if *origin == LeakOrigin::DumpStacksOnly && *occurrences > 0 && *eligible > 0 {
+                    format!(
+                        " The trace's events at their addresses say when they were made: in {} of {}.",
+                        occurrences,
+                        plural(*eligible as u64, occurrence.name(), occurrence.plural_name())
+                    )
+                } else {
+                    String::new()
                 };
+                format!("{} {what}.{when}{ops} {tail}.", plural(*blocks, "block", "blocks"))
+            } else {
                 // The optimizer itself holds L-BFGS's history, by design.
                 let held = if *origin == LeakOrigin::OptimizerHistory {
                     String::new()
@@ -205,7 +210,7 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
                     "{} from {} of {} {} still allocated at the end: {what}{held}.{}{earlier} {tail}.",
                     plural(*blocks, "block", "blocks"),
                     occurrences,
-                    plural(*eligible as u64, occurrence.name(), many),
+                    plural(*eligible as u64, occurrence.name(), occurrence.plural_name()),
                     agree(*blocks, "is", "are"),
                     made_at.as_ref().map_or(String::new(), |m| format!(
                         " The largest was made inside the model, at {}: what keeps it took it from what the call here returned, or the model's own code keeps it.",

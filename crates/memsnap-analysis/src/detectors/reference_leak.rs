@@ -1326,7 +1326,11 @@ fn chains(cx: &Context, reported: &BTreeSet<Option<FrameId>>) -> Vec<(FrameId, V
 }
 
 /// A state-only group that is not shaped like kept graphs: many live blocks from one line.
+/// Without stacks in the trace its events still say when each block was made: the iterations
+/// that made some of them (of all the trace's iterations). Without a trace, none (0 of 0).
 fn state_only_finding(cx: &Context, origin: LeakOrigin, g: &state_only::Group) -> Finding {
+    let made_in: BTreeSet<usize> = g.blocks.iter().filter_map(|&bi| cx.iteration_of(&cx.replay.blocks[bi])).collect();
+    let iterations = if made_in.is_empty() { 0 } else { cx.phases.iteration_count() };
     Finding {
         occurrences: 0,
         kind: SuspectKind::ReferenceLeak,
@@ -1340,8 +1344,8 @@ fn state_only_finding(cx: &Context, origin: LeakOrigin, g: &state_only::Group) -
         facts: Evidence::ReferenceLeak {
             origin,
             blocks: g.blocks.len() as u64,
-            occurrences: g.blocks.len(),
-            eligible: g.blocks.len(),
+            occurrences: made_in.len(),
+            eligible: iterations,
             occurrence: Occurrence::Iteration,
             made_at: None,
             before_trace: None,
