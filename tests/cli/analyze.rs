@@ -574,6 +574,28 @@ fn a_leak_read_from_dump_stacks_says_in_which_iterations_the_trace_made_its_bloc
 }
 
 #[test]
+fn kept_graphs_read_from_the_dump_hold_the_batch_their_passes_were_fed() {
+    // s48 (`context="state"`): a GroupNorm denoiser's losses kept in a list, backward with
+    // `retain_graph=True`. The graphs hold each step's `noisy` (the first convolution saved it)
+    // and `clean` (`mse_loss` saved its target), made by the loop at lines 38-39 before the pass:
+    // they join the graphs, not two leaks of their own.
+    let out = analyze(&fixture_with_prefix("extra28c", "s48_"));
+    let suspects = out["suspects"].as_array().unwrap();
+    let kinds: Vec<&str> = suspects.iter().map(|s| s["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["retained_graph"], "{}", out["suspects"]);
+    let mut inputs: Vec<u64> =
+        suspects[0]["facts"]["input_lines"].as_array().unwrap().iter().map(|l| l["line"].as_u64().unwrap()).collect();
+    inputs.sort_unstable();
+    assert_eq!(inputs, [38, 39], "{}", suspects[0]);
+    assert!(suspects[0]["evidence"].as_str().unwrap().contains("with the passes' inputs made before each pass"));
+    // s50: tensors the loop keeps that the model made are kept outputs, not inputs: still a
+    // reference_leak, its iterations the optimizer's steps (6), not the micro-batch regions (24).
+    let s50 = analyze(&fixture_with_prefix("extra28c", "s50_"));
+    assert_eq!(s50["suspects"][0]["kind"], "reference_leak", "{}", s50["suspects"]);
+    assert_eq!(s50["devices"][0]["phases"]["iterations"], 6, "{}", s50["devices"][0]["phases"]);
+}
+
+#[test]
 fn a_growing_input_whose_passes_grow_with_it_is_shape_growth_not_a_leak() {
     // A sequence-length curriculum: the batch is re-made larger each step and the previous one
     // freed on rebinding (a chain like `queue = torch.cat([queue, k])`), but the passes it feeds

@@ -356,15 +356,16 @@ fn scorecard_without_event_stacks() {
         ("w09_exception_traceback_graph_leak", S, "reference_leak"),
         ("x04_mlp_grad_accum_leak", S, "reference_leak"),
         ("z12_eval_loss_history_leak", S, "reference_leak"),
-        // Kept graphs found, and beside them a line outside the model whose tensors the graphs
-        // keep (the batch the first layer saved: v07's `images`, u14's `real`; a loss helper
-        // that also reshapes: o02) or that keeps its own (s22's state-dict copy, v11's labels
-        // stored beside the logits), read as kept tensors.
+        // Kept graphs found, and beside them a line whose tensors the graphs keep but that is
+        // not the user's batch made before the pass, which joins the graphs
+        // (`state_only::inputs_of_graphs`: v07's `images`, u14's `real`, s48's): u14's `fake`,
+        // a generator's output that the discriminator's graph saved, made by another model
+        // call; a loss helper that also reshapes (o02); or that keeps its own (s22's state-dict
+        // copy, v11's labels stored beside the logits), read as kept tensors.
         ("u14_dcgan_retain_graph_logged_d_loss_leak", S, "reference_leak"),
         ("v11_stacks_all_evaluator_history_leak", S, "reference_leak"),
         ("o02_lora_eval_without_no_grad_keeps_loss_leak", S, "reference_leak"),
         ("s22_lr_range_test_val_loss_history_without_no_grad_leak", S, "reference_leak"),
-        ("v07_running_loss_retain_graph_leak", S, "reference_leak"),
         // A few tensors of each round kept on purpose, to pin the split segments the
         // fragmentation needs (s07's `keep`, z14's bounded deque of hard examples): from the dump,
         // many live blocks from one line.

@@ -274,6 +274,10 @@ pub enum Evidence {
         /// call whose blocks are alive several times each. Absent otherwise.
         #[serde(skip_serializing_if = "Option::is_none")]
         operations: Option<usize>,
+        /// Read from the dump alone: user lines outside the model whose tensors, made before
+        /// each kept pass, the graphs hold as the passes' inputs (`state_only::inputs_of_graphs`).
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        input_lines: Vec<Site>,
     },
     NoGradMissing {
         /// Forward passes no backward consumed, and evaluation windows they form.

@@ -50,7 +50,17 @@ fn numbers(s: &Suspect, peak: u64) -> String {
 pub fn evidence(s: &Suspect, peak: u64) -> String {
     let tail = numbers(s, peak);
     match &s.facts {
-        Evidence::RetainedGraph { hold, graphs, held_blocks, forward_call, backward_line, root, held_lines, operations } => {
+        Evidence::RetainedGraph {
+            hold,
+            graphs,
+            held_blocks,
+            forward_call,
+            backward_line,
+            root,
+            held_lines,
+            operations,
+            input_lines,
+        } => {
             let lines = if held_lines.is_empty() {
                 String::new()
             } else {
@@ -103,12 +113,20 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
                     kept
                 ),
                 GraphHold::SeenAtDump => format!(
-                    "{} alive at the dump were made by {} inside the model call at {}{}, each several times{}: what autograd saves for a backward, so the graphs of several passes are alive, and a reference to a tensor that carries them (a loss or an output kept without `.item()` / `.detach()`) keeps them. This is read from the dump alone (the trace has no stacks, as with `context=\"state\"`, or there is no trace), so which reference keeps them, and whether a backward ran, the file cannot say.",
+                    "{} alive at the dump were made by {} inside the model call at {}{}, each several times{}{}: what autograd saves for a backward, so the graphs of several passes are alive, and a reference to a tensor that carries them (a loss or an output kept without `.item()` / `.detach()`) keeps them. This is read from the dump alone (the trace has no stacks, as with `context=\"state\"`, or there is no trace), so which reference keeps them, and whether a backward ran, the file cannot say.",
                     plural(*held_blocks, "block", "blocks"),
                     plural(operations.unwrap_or_default() as u64, "operation", "different operations"),
                     site(forward_call),
                     lines,
                     graphs.map_or(String::new(), |k| format!(", in {}", plural(k as u64, "iteration", "iterations"))),
+                    if input_lines.is_empty() {
+                        String::new()
+                    } else {
+                        format!(
+                            ", with the passes' inputs made before each pass at {} (a model's first layer saves its input, a loss its target)",
+                            input_lines.iter().map(|s| s.short()).collect::<Vec<_>>().join(", ")
+                        )
+                    },
                 ),
                 GraphHold::AwaitingBackward => format!(
                     "{} called at {} built {} ({}{}) for a backward that had not run when the trace ended{}.",

@@ -203,6 +203,7 @@ impl Detector for RetainedGraph {
                 root: root_site.map(|f| cx.site(f)),
                 held_lines: lines.iter().take(3).map(|(f, _)| cx.site(*f)).collect(),
                 operations: None,
+                input_lines: Vec::new(),
             };
             out.push(Finding {
                 kind: SuspectKind::RetainedGraph,
@@ -245,6 +246,7 @@ fn seen_at_dump(cx: &Context, g: &state_only::Group) -> Option<Finding> {
             root: None,
             held_lines: shape.lines.iter().map(|&f| cx.site(f)).collect(),
             operations: Some(shape.ops),
+            input_lines: shape.input_lines.iter().map(|&f| cx.site(f)).collect(),
         },
         occurrences: 0,
         blocks: g.blocks.clone(),

@@ -98,6 +98,8 @@ pub(crate) struct GraphShape {
     pub iterations: Option<usize>,
     /// The lines inside the model whose blocks are alive, most bytes first (up to 3).
     pub lines: Vec<FrameId>,
+    /// User lines whose blocks joined as the passes' inputs ([`inputs_of_graphs`]).
+    pub input_lines: Vec<FrameId>,
 }
 
 /// A device read from its dump alone: what both detectors (`reference_leak`, `retained_graph`)
@@ -145,8 +147,9 @@ pub(crate) fn read(cx: &Context) -> Option<StateReading> {
     Some(StateReading { origin, groups: with_loss_in_graphs(cx, groups), working_sets })
 }
 
-/// `groups` with each group whose every block a loss function made joined to the largest group
-/// read as kept graphs, when there is one (see [`read`]).
+/// `groups` with each group whose every block a loss function made, or that holds the inputs of
+/// the kept passes ([`inputs_of_graphs`]), joined to the largest group read as kept graphs, when
+/// there is one (see [`read`]).
 fn with_loss_in_graphs(cx: &Context, groups: Vec<Group>) -> Vec<Group> {
     let bytes = |g: &Group| g.blocks.iter().map(|&bi| cx.replay.blocks[bi].size).sum::<u64>();
     let Some(largest_graph) = (0..groups.len())
@@ -155,11 +158,18 @@ fn with_loss_in_graphs(cx: &Context, groups: Vec<Group>) -> Vec<Group> {
     else {
         return groups;
     };
+    let graph_stretches = stretches_made_in(cx, &groups[largest_graph].blocks);
     let mut loss_blocks = Vec::new();
+    let mut input_lines = Vec::new();
     let mut kept = Vec::with_capacity(groups.len());
     let mut graph_at = 0;
     for (i, g) in groups.into_iter().enumerate() {
-        if g.graph.is_none() && g.blocks.iter().all(|&bi| block_info(cx, bi).loss) {
+        let loss = g.graph.is_none() && g.blocks.iter().all(|&bi| block_info(cx, bi).loss);
+        let inputs = g.graph.is_none() && !loss && graph_stretches.as_ref().is_some_and(|gs| inputs_of_graphs(cx, gs, &g));
+        if inputs {
+            input_lines.push(g.line);
+        }
+        if loss || inputs {
             loss_blocks.extend(g.blocks);
             continue;
         }
@@ -170,7 +180,82 @@ fn with_loss_in_graphs(cx: &Context, groups: Vec<Group>) -> Vec<Group> {
     }
     kept[graph_at].blocks.extend(loss_blocks);
     kept[graph_at].blocks.sort_unstable();
+    if let Some(shape) = kept[graph_at].graph.as_mut() {
+        shape.input_lines = input_lines;
+    }
     kept
+}
+
+/// Per stretch of the trace between iteration boundaries (the one before the first counted, as
+/// [`GraphShape::iterations`] counts them), the first allocation event of `blocks` made in it,
+/// and whether some were made before the trace; `None` without a trace that has iterations.
+fn stretches_made_in(cx: &Context, blocks: &[usize]) -> Option<GraphStretches> {
+    let bounds = &cx.phases.boundaries;
+    if bounds.len() < 2 {
+        return None;
+    }
+    let mut out = GraphStretches { first_made: BTreeMap::new(), before_trace: false };
+    for &bi in blocks {
+        let Some(at) = cx.replay.blocks[bi].alloc_event() else {
+            out.before_trace = true;
+            continue;
+        };
+        let e = out.first_made.entry(bounds.partition_point(|&b| b <= at)).or_insert(at);
+        *e = (*e).min(at);
+    }
+    Some(out)
+}
+
+/// When kept graphs' blocks were made: per stretch of the trace ([`stretches_made_in`]), the
+/// first allocation event; and whether some were made before the trace (a ring that wrapped).
+struct GraphStretches {
+    first_made: BTreeMap<usize, u32>,
+    before_trace: bool,
+}
+
+/// Whether group `g` holds the inputs of the kept passes whose graphs' blocks were first made at
+/// `graph` (per stretch of the trace: [`stretches_made_in`]), so that the graphs hold it.
+///
+/// Mechanism: autograd saves what an operation's backward needs, and for the first operation of
+/// a model that is the batch itself (a convolution or a linear layer saves its input to compute
+/// its weight's gradient; `mse_loss` saves its target, `cross_entropy` its class indices). So a
+/// kept graph keeps the batch its pass was fed, made by the user's code before the pass, one set
+/// per pass. Read alone, such a group names the batch line as a second leak, which no reference
+/// but the graph keeps (the full trace's `retained_graph` counts these blocks in the graph too).
+/// The group must be user code outside any model call, made in at least `min_leak_occurrences`
+/// stretches, each one the graphs were made in, the same number of blocks in each, and every
+/// block made before the first block of its stretch's graph: what the code derives from a pass
+/// after it (a kept prediction) is not an input of it. Blocks made before the trace (a ring that
+/// wrapped) count as one more stretch where the graphs also have blocks from before it.
+fn inputs_of_graphs(cx: &Context, graph: &GraphStretches, g: &Group) -> bool {
+    let user_code = |bi: usize| {
+        let info = block_info(cx, bi);
+        info.python && !info.forward && !info.loss && !info.optimizer && !info.construction && !info.backward_launch
+    };
+    if !g.blocks.iter().all(|&bi| user_code(bi)) {
+        return false;
+    }
+    let bounds = &cx.phases.boundaries;
+    let mut per_stretch: BTreeMap<usize, usize> = BTreeMap::new();
+    let mut before_trace = false;
+    for &bi in &g.blocks {
+        let Some(at) = cx.replay.blocks[bi].alloc_event() else {
+            if !graph.before_trace {
+                return false;
+            }
+            before_trace = true;
+            continue;
+        };
+        let stretch = bounds.partition_point(|&b| b <= at);
+        match graph.first_made.get(&stretch) {
+            Some(&graph_from) if at < graph_from => *per_stretch.entry(stretch).or_default() += 1,
+            _ => return false,
+        }
+    }
+    let mut counts = per_stretch.values();
+    let first = counts.next().copied();
+    let stretches = per_stretch.len() + usize::from(before_trace);
+    stretches >= cx.thresholds.min_leak_occurrences && counts.all(|&n| Some(n) == first)
 }
 
 /// The stack facts of live block `bi` (its stack as [`dump_stack`] reads it).
@@ -242,6 +327,7 @@ fn shape(cx: &Context, blocks: &[usize]) -> Shape {
                 .len()
         }),
         lines: lines.into_iter().take(3).map(|(l, _)| l).collect(),
+        input_lines: Vec::new(),
     })
 }
 

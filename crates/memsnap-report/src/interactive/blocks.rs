@@ -15,11 +15,12 @@ use memsnap_replay::{BlockLifetime, DeviceReplay, SegmentLifetime};
 use rayon::prelude::*;
 
 /// The lines a suspect names: its site, and for a retained graph the lines inside the model
-/// whose saved tensors are held, for unreleased gradients the `.backward()` line.
+/// whose saved tensors are held (and, read from the dump, the lines of the passes' inputs the
+/// graphs hold), for unreleased gradients the `.backward()` line.
 fn suspect_sites(s: &Suspect) -> Vec<&Site> {
     let mut v: Vec<&Site> = s.site.iter().collect();
     match &s.facts {
-        Evidence::RetainedGraph { held_lines, .. } => v.extend(held_lines.iter()),
+        Evidence::RetainedGraph { held_lines, input_lines, .. } => v.extend(held_lines.iter().chain(input_lines)),
         Evidence::UnreleasedGradient { backward_line: Some(l), .. } => v.push(l),
         _ => {}
     }
