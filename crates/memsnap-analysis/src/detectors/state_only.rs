@@ -121,7 +121,8 @@ pub(crate) struct StateReading {
 /// Where groups read as kept graphs, a group whose every block a loss function made joins the
 /// largest of them: the loss's saved tensors (the log-probabilities `cross_entropy` saves) belong
 /// to the graph that runs from the loss back through the model, so they are kept with it, and
-/// read alone they would name the loss line as a second leak.
+/// read alone they would name the loss line as a second leak. So does a group that holds the
+/// batch the kept passes were fed ([`inputs_of_graphs`]), for the same reason.
 pub(crate) fn read(cx: &Context) -> Option<StateReading> {
     let origin = reading(cx)?;
     let mut working_sets = Vec::new();
@@ -159,7 +160,7 @@ fn with_loss_in_graphs(cx: &Context, groups: Vec<Group>) -> Vec<Group> {
         return groups;
     };
     let graph_stretches = stretches_made_in(cx, &groups[largest_graph].blocks);
-    let mut loss_blocks = Vec::new();
+    let mut joined = Vec::new();
     let mut input_lines = Vec::new();
     let mut kept = Vec::with_capacity(groups.len());
     let mut graph_at = 0;
@@ -170,7 +171,7 @@ fn with_loss_in_graphs(cx: &Context, groups: Vec<Group>) -> Vec<Group> {
             input_lines.push(g.line);
         }
         if loss || inputs {
-            loss_blocks.extend(g.blocks);
+            joined.extend(g.blocks);
             continue;
         }
         if i == largest_graph {
@@ -178,7 +179,7 @@ fn with_loss_in_graphs(cx: &Context, groups: Vec<Group>) -> Vec<Group> {
         }
         kept.push(g);
     }
-    kept[graph_at].blocks.extend(loss_blocks);
+    kept[graph_at].blocks.extend(joined);
     kept[graph_at].blocks.sort_unstable();
     if let Some(shape) = kept[graph_at].graph.as_mut() {
         shape.input_lines = input_lines;

@@ -74,8 +74,10 @@ pub(super) struct Cut {
 
 /// The cut at pickle offset `offset` of a pickle of `input_len` bytes (0: unknown):
 /// [`CHUNKS_PER_THREAD`] chunks of [`CHUNK_BYTES`] for each of rayon's threads, from
-/// [`MIN_WINDOW`] up to the VM's cap, and no more than [`WINDOW_SHARE_OF_INPUT`] of the input,
-/// the chunks made smaller (to [`MIN_CHUNK_BYTES`]) so that every thread still has some.
+/// [`MIN_WINDOW`] up to the VM's cap, and no more than the input's size (else the offset)
+/// divided by [`WINDOW_SHARE_OF_INPUT`], though never below [`MIN_WINDOW`]; the chunks of a
+/// window so bounded are made smaller (to [`MIN_CHUNK_BYTES`]) so that every thread still has
+/// some.
 /// A configured chunk size ([`ReadOptions::chunk_bytes`](crate::ReadOptions), for tests) is
 /// kept as it is.
 pub(super) fn cut(configured: usize, input_len: u64, offset: u64) -> Cut {
