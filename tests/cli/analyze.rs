@@ -588,6 +588,11 @@ fn kept_graphs_read_from_the_dump_hold_the_batch_their_passes_were_fed() {
     inputs.sort_unstable();
     assert_eq!(inputs, [38, 39], "{}", suspects[0]);
     assert!(suspects[0]["evidence"].as_str().unwrap().contains("with the passes' inputs made before each pass"));
+    // s52 (HF BERT): the token batches join too, though the last step's holds one more tensor
+    // at the dump (the attention mask the model did not save, still bound to the loop's variable).
+    let s52 = analyze(&fixture_with_prefix("extra28d", "s52_"));
+    assert_eq!(s52["suspects"].as_array().unwrap().len(), 1, "{}", s52["suspects"]);
+    assert_eq!(s52["suspects"][0]["facts"]["input_lines"][0]["line"], 40, "{}", s52["suspects"]);
     // s50: tensors the loop keeps that the model made are kept outputs, not inputs: still a
     // reference_leak, its iterations the optimizer's steps (6), not the micro-batch regions (24).
     let s50 = analyze(&fixture_with_prefix("extra28c", "s50_"));

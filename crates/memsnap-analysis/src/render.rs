@@ -123,7 +123,7 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
                         String::new()
                     } else {
                         format!(
-                            ", with the passes' inputs made before each pass at {} (a model's first layer saves its input, a loss its target)",
+                            ", with the passes' inputs made before each pass at {} (a model's first layer saves its input, a loss its target; if the code also keeps them, they stay when the graphs are let go)",
                             input_lines.iter().map(|s| s.short()).collect::<Vec<_>>().join(", ")
                         )
                     },

@@ -224,7 +224,8 @@ struct GraphStretches {
 /// per pass. Read alone, such a group names the batch line as a second leak, which no reference
 /// but the graph keeps (the full trace's `retained_graph` counts these blocks in the graph too).
 /// The group must be user code outside any model call, made in at least `min_leak_occurrences`
-/// stretches, each one the graphs were made in, the same number of blocks in each, and every
+/// stretches, each one the graphs were made in, the same number of blocks in each (the last
+/// stretch at least as many: the loop's variables hold all of its batch at the dump), and every
 /// block made before the first block of its stretch's graph: what the code derives from a pass
 /// after it (a kept prediction) is not an input of it. Blocks made before the trace (a ring that
 /// wrapped) count as one more stretch where the graphs also have blocks from before it.
@@ -253,10 +254,16 @@ fn inputs_of_graphs(cx: &Context, graph: &GraphStretches, g: &Group) -> bool {
             _ => return false,
         }
     }
-    let mut counts = per_stretch.values();
-    let first = counts.next().copied();
     let stretches = per_stretch.len() + usize::from(before_trace);
-    stretches >= cx.thresholds.min_leak_occurrences && counts.all(|&n| Some(n) == first)
+    // The last stretch may hold more: the loop's variables still hold its batch at the dump,
+    // also the tensors of it the pass did not save (an attention mask the model turned into
+    // another tensor).
+    let last = per_stretch.pop_last();
+    let mut counts = per_stretch.values();
+    let first = counts.next().copied().or(last.map(|(_, n)| n));
+    stretches >= cx.thresholds.min_leak_occurrences
+        && counts.all(|&n| Some(n) == first)
+        && last.is_none_or(|(_, n)| Some(n) >= first)
 }
 
 /// The stack facts of live block `bi` (its stack as [`dump_stack`] reads it).
