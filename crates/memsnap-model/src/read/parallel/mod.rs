@@ -53,9 +53,9 @@ const MIN_WINDOW: usize = 4 << 20;
 
 /// The window is at most this share of the pickle (its size when known, else the bytes read so
 /// far), so that the memory it and its chunks' tables take stays a small part of the input
-/// however many threads there are. On the 87 MB bench file `summary`'s peak grew from 26 MB on
-/// 2 threads to 77 MB on 16 (48 MiB windows), past the 0.35x the file `summary` is held to; a
-/// sixteenth (5.2 MiB there) keeps it at 25-28 MB on 2 to 16 threads, and leaves every window
+/// however many threads there are. On the 87 MB bench file `summary`'s peak grew from 25 MiB on
+/// 2 threads to 75 MiB on 16 (48 MiB windows), past the 0.35x the file `summary` is held to; a
+/// sixteenth (5.2 MiB there) keeps it at 24-27 MiB on 2 to 16 threads, and leaves every window
 /// of the 1 GB bench file as it was up to 16 threads. It costs that file's `summary` about 4%
 /// on 2 threads (6 MiB windows before; a twelfth would keep them, and reach 0.36x the file on
 /// 16 threads): docs/performance.md.
