@@ -539,14 +539,74 @@ fn annotation_iterations(events: &[TraceEvent], annotations: &[Annotation]) -> O
     };
     let name =
         pick(&|name, _| name.starts_with(OPTIMIZER_STEP_ANNOTATION)).or_else(|| pick(&|_, n| !n.always_inside))?;
-    let mut bounds: Vec<u32> = timed()
-        .filter(|a| a.start && a.name == name)
-        .map(|a| events.partition_point(|e| e.time_us == NO_TIME || e.time_us < a.time_us) as u32)
-        .filter(|&i| (i as usize) < events.len())
-        .collect();
+    let at = |time_us: i64| events.partition_point(|e| e.time_us == NO_TIME || e.time_us < time_us) as u32;
+    let mut starts: Vec<u32> = timed().filter(|a| a.start && a.name == name).map(|a| at(a.time_us)).collect();
+    if name.starts_with(OPTIMIZER_STEP_ANNOTATION) {
+        let ends: Vec<u32> = timed().filter(|a| !a.start && a.name == name).map(|a| at(a.time_us)).collect();
+        let k = optimizers_in_turn(events, &starts, &ends);
+        if k > 1 {
+            starts = starts.into_iter().step_by(k).collect();
+        }
+    }
+    let mut bounds: Vec<u32> = starts.into_iter().filter(|&i| (i as usize) < events.len()).collect();
     bounds.sort_unstable();
     bounds.dedup();
     (bounds.len() >= 2).then(|| (name.to_string(), bounds))
+}
+
+/// Optimizers of one class that step in turn each iteration are looked for up to this many (a
+/// GAN's discriminator and generator: two; an actor, a critic and an entropy temperature: three).
+const MAX_OPTIMIZERS_IN_TURN: usize = 4;
+
+/// How many optimizers of one class step in turn per iteration, from their step regions
+/// (`starts[i]..ends[i]`, event indices): 1 unless told otherwise.
+///
+/// Mechanism: every optimizer of a class opens the same annotation (`Optimizer.step#Adam.step`),
+/// so two of them make two regions per iteration. What each step allocates is shaped by its own
+/// parameters (Adam's foreach temporaries are one per parameter, of its size), the same from
+/// one of its steps to the next once its state exists (its first step also makes the state). So
+/// `k` optimizers stepping in turn make a sequence of allocation sizes that repeats with period
+/// `k`, and whose `k` members differ with neither containing the other, since the parameter sets
+/// are disjoint. One optimizer whose parameters get gradients on alternate steps only (an
+/// auxiliary head trained every other step, s47) also alternates, but its smaller step is part
+/// of its larger one: not two optimizers. Steps that allocate nothing (SGD without momentum,
+/// fused kernels) are all alike and leave 1. Checked from the third round on (the first
+/// two may make state), over at least one whole round.
+fn optimizers_in_turn(events: &[TraceEvent], starts: &[u32], ends: &[u32]) -> usize {
+    if starts.len() != ends.len() {
+        return 1;
+    }
+    let sizes: Vec<Vec<u64>> = starts
+        .iter()
+        .zip(ends)
+        .map(|(&s, &e)| {
+            let mut v: Vec<u64> = events[(s as usize).min(events.len())..(e as usize).min(events.len())]
+                .iter()
+                .filter(|ev| ev.action() == Action::Alloc)
+                .map(|ev| ev.size)
+                .collect();
+            v.sort_unstable();
+            v
+        })
+        .collect();
+    let n = sizes.len();
+    (2..=MAX_OPTIMIZERS_IN_TURN)
+        .take_while(|&k| n >= 3 * k)
+        .find(|&k| {
+            let periodic = (2 * k..n).all(|i| sizes[i] == sizes[i - k]);
+            let round = &sizes[2 * k..3 * k];
+            let distinct = round.iter().enumerate().all(|(a, x)| {
+                round.iter().enumerate().all(|(b, y)| a == b || !contains(y, x))
+            });
+            periodic && distinct
+        })
+        .unwrap_or(1)
+}
+
+/// Whether sorted multiset `big` contains sorted multiset `small`.
+fn contains(big: &[u64], small: &[u64]) -> bool {
+    let mut it = big.iter();
+    small.iter().all(|s| it.by_ref().any(|b| b == s))
 }
 
 #[cfg(test)]
@@ -641,5 +701,48 @@ mod tests {
         let (name, bounds) = annotation_iterations(&events(400), &ann).unwrap();
         assert_eq!(name, "request");
         assert_eq!(bounds, vec![0, 50, 100, 150, 200]);
+    }
+
+    /// Steps of 100 µs, each with two optimizer steps of one class (`Optimizer.step#Adam.step`)
+    /// at +40 and +80, whose events (one per microsecond) allocate `first(i)` and `second(i)`
+    /// bytes at their i-th microsecond, or free where that is `None`. The first step of each
+    /// also makes state (other sizes).
+    fn two_steps_per_iteration(first: impl Fn(i64) -> Option<u64>, second: impl Fn(i64) -> Option<u64>) -> Vec<u32> {
+        let mut ev = events(800);
+        for e in &mut ev {
+            let (step, at) = (e.time_us / 100, e.time_us % 100);
+            let size = match at {
+                40..=49 => first(at - 40),
+                80..=89 => second(at - 80),
+                _ => Some(7),
+            };
+            match size {
+                Some(n) => e.size = n + 1000 * u64::from(step == 0 && at >= 40),
+                None => e.set_action(Action::FreeCompleted),
+            }
+        }
+        let mut ann = Vec::new();
+        for step in 0..8 {
+            region(&mut ann, "Optimizer.step#Adam.step", step * 100 + 40, step * 100 + 50);
+            region(&mut ann, "Optimizer.step#Adam.step", step * 100 + 80, step * 100 + 90);
+        }
+        annotation_iterations(&ev, &ann).unwrap().1
+    }
+
+    /// A GAN's discriminator and generator, both Adam: their steps allocate for disjoint
+    /// parameters (sizes 100.. and 200..), so every other step starts an iteration.
+    #[test]
+    fn two_optimizers_of_one_class_stepping_in_turn_make_one_iteration() {
+        let bounds = two_steps_per_iteration(|i| Some(100 + i as u64), |i| Some(200 + i as u64));
+        assert_eq!(bounds, vec![40, 140, 240, 340, 440, 540, 640, 740]);
+    }
+
+    /// One optimizer whose second step in each iteration updates fewer parameters (a head
+    /// trained every other step): the smaller step's sizes are part of the larger's, so both
+    /// are its steps, as a second optimizer's would not be.
+    #[test]
+    fn one_optimizer_updating_a_subset_on_alternate_steps_is_not_two() {
+        let bounds = two_steps_per_iteration(|i| Some(100 + i as u64), |i| (i < 5).then(|| 100 + i as u64));
+        assert_eq!(bounds.len(), 16, "{bounds:?}");
     }
 }
