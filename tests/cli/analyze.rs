@@ -569,7 +569,11 @@ fn a_leak_read_from_dump_stacks_says_in_which_iterations_the_trace_made_its_bloc
     let z08 = analyze(&fixture("extra3/z08_state_only_inference_cache.pickle.xz"));
     let leak = z08["suspects"].as_array().unwrap().iter().find(|s| s["facts"]["origin"] == "state_only");
     let leak = leak.expect("a state-only reference_leak");
-    assert_eq!((leak["facts"]["occurrences"].as_u64(), leak["facts"]["eligible"].as_u64()), (Some(0), Some(0)), "{leak}");
+    assert_eq!(
+        (leak["facts"]["occurrences"].as_u64(), leak["facts"]["eligible"].as_u64()),
+        (Some(0), Some(0)),
+        "{leak}"
+    );
     assert!(!leak["evidence"].as_str().unwrap().contains("say when"), "{leak}");
 }
 

@@ -95,10 +95,15 @@ impl Phases {
         (k > 0).then(|| (k - 1, &self.forwards[k - 1])).filter(|(_, f)| f.span.contains(i))
     }
 
+    /// The stretch of the trace between iteration boundaries that contains event `i`: 0 before
+    /// the first boundary, `k + 1` in iteration `k`.
+    pub fn stretch_of(&self, i: u32) -> usize {
+        self.boundaries.partition_point(|&b| b <= i)
+    }
+
     /// The iteration that contains event `i`.
     pub fn iteration_of(&self, i: u32) -> Option<usize> {
-        let k = self.boundaries.partition_point(|&b| b <= i);
-        (k > 0).then(|| k - 1)
+        self.stretch_of(i).checked_sub(1)
     }
 
     pub fn iteration_count(&self) -> usize {
@@ -600,9 +605,8 @@ fn optimizers_in_turn(events: &[TraceEvent], starts: &[u32], ends: &[u32]) -> us
         .find(|&k| {
             let periodic = (2 * k..n).all(|i| sizes[i] == sizes[i - k]);
             let round = &sizes[2 * k..3 * k];
-            let distinct = round.iter().enumerate().all(|(a, x)| {
-                round.iter().enumerate().all(|(b, y)| a == b || !contains(y, x))
-            });
+            let distinct =
+                round.iter().enumerate().all(|(a, x)| round.iter().enumerate().all(|(b, y)| a == b || !contains(y, x)));
             periodic && distinct
         })
         .unwrap_or(1)

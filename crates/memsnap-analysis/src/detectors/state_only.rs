@@ -145,13 +145,13 @@ pub(crate) fn read(cx: &Context) -> Option<StateReading> {
         };
         groups.push(Group { line, graph, operations_without_twins, blocks, stack });
     }
-    Some(StateReading { origin, groups: with_loss_in_graphs(cx, groups), working_sets })
+    Some(StateReading { origin, groups: with_graph_parts_joined(cx, groups), working_sets })
 }
 
 /// `groups` with each group whose every block a loss function made, or that holds the inputs of
 /// the kept passes ([`inputs_of_graphs`]), joined to the largest group read as kept graphs, when
 /// there is one (see [`read`]).
-fn with_loss_in_graphs(cx: &Context, groups: Vec<Group>) -> Vec<Group> {
+fn with_graph_parts_joined(cx: &Context, groups: Vec<Group>) -> Vec<Group> {
     let bytes = |g: &Group| g.blocks.iter().map(|&bi| cx.replay.blocks[bi].size).sum::<u64>();
     let Some(largest_graph) = (0..groups.len())
         .filter(|&i| groups[i].graph.is_some())
@@ -166,7 +166,8 @@ fn with_loss_in_graphs(cx: &Context, groups: Vec<Group>) -> Vec<Group> {
     let mut graph_at = 0;
     for (i, g) in groups.into_iter().enumerate() {
         let loss = g.graph.is_none() && g.blocks.iter().all(|&bi| block_info(cx, bi).loss);
-        let inputs = g.graph.is_none() && !loss && graph_stretches.as_ref().is_some_and(|gs| inputs_of_graphs(cx, gs, &g));
+        let inputs =
+            g.graph.is_none() && !loss && graph_stretches.as_ref().is_some_and(|gs| inputs_of_graphs(cx, gs, &g));
         if inputs {
             input_lines.push(g.line);
         }
@@ -191,8 +192,7 @@ fn with_loss_in_graphs(cx: &Context, groups: Vec<Group>) -> Vec<Group> {
 /// [`GraphShape::iterations`] counts them), the first allocation event of `blocks` made in it,
 /// and whether some were made before the trace; `None` without a trace that has iterations.
 fn stretches_made_in(cx: &Context, blocks: &[usize]) -> Option<GraphStretches> {
-    let bounds = &cx.phases.boundaries;
-    if bounds.len() < 2 {
+    if cx.phases.boundaries.len() < 2 {
         return None;
     }
     let mut out = GraphStretches { first_made: BTreeMap::new(), before_trace: false };
@@ -201,7 +201,7 @@ fn stretches_made_in(cx: &Context, blocks: &[usize]) -> Option<GraphStretches> {
             out.before_trace = true;
             continue;
         };
-        let e = out.first_made.entry(bounds.partition_point(|&b| b <= at)).or_insert(at);
+        let e = out.first_made.entry(cx.phases.stretch_of(at)).or_insert(at);
         *e = (*e).min(at);
     }
     Some(out)
@@ -237,7 +237,6 @@ fn inputs_of_graphs(cx: &Context, graph: &GraphStretches, g: &Group) -> bool {
     if !g.blocks.iter().all(|&bi| user_code(bi)) {
         return false;
     }
-    let bounds = &cx.phases.boundaries;
     let mut per_stretch: BTreeMap<usize, usize> = BTreeMap::new();
     let mut before_trace = false;
     for &bi in &g.blocks {
@@ -248,7 +247,7 @@ fn inputs_of_graphs(cx: &Context, graph: &GraphStretches, g: &Group) -> bool {
             before_trace = true;
             continue;
         };
-        let stretch = bounds.partition_point(|&b| b <= at);
+        let stretch = cx.phases.stretch_of(at);
         match graph.first_made.get(&stretch) {
             Some(&graph_from) if at < graph_from => *per_stretch.entry(stretch).or_default() += 1,
             _ => return false,
@@ -326,11 +325,10 @@ fn shape(cx: &Context, blocks: &[usize]) -> Shape {
         // included: a boundary found by the optimizer's step ends a pass's iteration, so the
         // first pass comes before it.
         iterations: (cx.phases.boundaries.len() >= 2).then(|| {
-            let bounds = &cx.phases.boundaries;
             blocks
                 .iter()
                 .filter_map(|&bi| cx.replay.blocks[bi].alloc_event())
-                .map(|a| bounds.partition_point(|&b| b <= a))
+                .map(|a| cx.phases.stretch_of(a))
                 .collect::<BTreeSet<usize>>()
                 .len()
         }),
