@@ -337,17 +337,16 @@ fn scorecard_over_ring_windows() {
 /// The same, for every fixture recorded as `_record_memory_history(context="state")` would have
 /// recorded it: no stack on any trace event, the dump's blocks with theirs. Only the dump can
 /// then name lines (`detectors/state_only.rs`), so what a pass saved and what a reference keeps
-/// are told apart by shape alone; the known misreadings are listed, each with why.
+/// are told apart by shape alone; the known misreadings are listed, each with why. A bounded
+/// store full at the dump is many live blocks from one line, as a leak is, and its evictions are
+/// frees without stacks; it is told by what the trace says of the blocks of its sizes
+/// (`WorkingSet::Level`: p05, s13, s33; `Filled`, full by mid-trace: l06; `Plateau`, the bytes
+/// within its range of sizes stop rising: s01's cache bounded by bytes, entries of varying
+/// sizes), so none is listed.
 #[test]
 fn scorecard_without_event_stacks() {
     const S: &str = "context-state";
     const KNOWN: &[(&str, &str, &str)] = &[
-        // A bounded store full at the dump is many live blocks from one line, as a leak is; its
-        // evictions are frees without stacks, which name no line. Where blocks of its sizes stay
-        // level over the trace it reads as a working set (`WorkingSet::Level`: p05, s13, s33;
-        // `WorkingSet::Filled`, full by mid-trace: l06); not this cache bounded by bytes, whose
-        // entries differ in size, so that no count of blocks by size stays level.
-        ("s01_frozen_encoder_state_cache_bounded_by_bytes_clean", S, "clean"),
         // Kept graphs of models with fewer than `state_graph_min_ops` (5) operations that save
         // and no twins (an MLP of one `Linear` line and one activation line, an RNN run without
         // grad-saving twins): from the dump they look like a hook's kept outputs.

@@ -462,6 +462,10 @@ fn analyze_device(
             detectors::state_only::WorkingSet::Filled { at_dump, level, iterations } => format!(
                 "{head}, yet blocks of their sizes stopped growing during the trace ({level} alive at the low point of each of its last {iterations} iterations, {at_dump} at the dump): what holds them filled up and then kept its size (a cache at its capacity, replacing entries), so they are not reported as a leak"
             ),
+            detectors::state_only::WorkingSet::Plateau { bytes, iterations } => format!(
+                "{head}, yet the blocks within their range of sizes stopped growing during the trace (at the low point of each of its last {iterations} iterations at most {}, reached in the first half of them, and no more at the dump than one such block above it): what holds them is bounded by its bytes or its entries and replaces them (a cache of entries of varying sizes), so they are not reported as a leak",
+                memsnap_model::format_bytes(*bytes, 2)
+            ),
         }
     }));
     // Kept graphs read from the dump alone: the trace has no stack to place a backward, so a

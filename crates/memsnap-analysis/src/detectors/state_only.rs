@@ -585,6 +585,17 @@ pub(crate) enum WorkingSet {
     /// iteration adds a block within any three, so its low points rise over those iterations;
     /// the one more is, as for `Level`, what the last iteration left bound.
     Filled { at_dump: usize, level: usize, iterations: usize },
+    /// The bytes of all blocks within the group's range of sizes, of any line, reached `bytes`
+    /// at the trough of an iteration in the first half of the trace's last `iterations`
+    /// iterations and never went above it at the trough of a later one, nor at the dump by
+    /// more than one of the group's largest blocks: a store bounded by its bytes or its count
+    /// whose entries differ in size (s01 in `context="state"`: an LRU of encoder states of
+    /// varying lengths within a byte budget) holds bytes that rise and fall as entries are
+    /// replaced, while its blocks' sizes change, so counts by size (`Level`, `Filled`) miss it.
+    /// A leak that keeps a block at least every other iteration raises the trough of one of any
+    /// two iterations above every earlier one; blocks of other lines within the range are
+    /// counted too (as for `Level`) and can hide a small leak among a larger store's swings.
+    Plateau { bytes: u64, iterations: usize },
 }
 
 /// Whether the trace (without stacks) shows `group` to be a working set (see [`WorkingSet`]).
@@ -602,26 +613,62 @@ fn working_set(cx: &Context, group: &LineBlocks) -> Option<WorkingSet> {
         return None;
     }
     let sizes: BTreeSet<u64> = blocks.iter().map(|&bi| cx.replay.blocks[bi].size).collect();
-    // Every block of those sizes, as +1 at its allocation and -1 at its free (by event); those
-    // made before the trace are alive from its start.
+    let (troughs, at_dump) = troughs(cx, |b| sizes.contains(&b.size).then_some(1));
+    let (first_half, second_half) = troughs.split_at(troughs.len().div_ceil(2));
+    let earlier = first_half.iter().copied().max().unwrap_or(0);
+    if at_dump <= earlier + 1 {
+        return Some(WorkingSet::Level { at_dump: at_dump.max(0) as usize, earlier: earlier.max(0) as usize });
+    }
+    let level = second_half.iter().copied().min().unwrap_or(0);
+    if second_half.len() >= cx.thresholds.min_leak_occurrences
+        && second_half.iter().all(|&t| t == level)
+        && at_dump <= level + 1
+    {
+        return Some(WorkingSet::Filled {
+            at_dump: at_dump.max(0) as usize,
+            level: level.max(0) as usize,
+            iterations: second_half.len(),
+        });
+    }
+    plateau(cx, &sizes, second_half.len())
+}
+
+/// [`WorkingSet::Plateau`] for a group of block `sizes`, judged over the trace's last
+/// `iterations` iterations.
+fn plateau(cx: &Context, sizes: &BTreeSet<u64>, iterations: usize) -> Option<WorkingSet> {
+    let (&smallest, &largest) = (sizes.first()?, sizes.last()?);
+    let (troughs, at_dump) = troughs(cx, |b| (smallest..=largest).contains(&b.size).then_some(b.size as i64));
+    let last = &troughs[troughs.len() - iterations..];
+    let (earlier, later) = last.split_at(iterations / 2);
+    let high = earlier.iter().copied().max()?;
+    (iterations >= cx.thresholds.min_leak_occurrences
+        && later.iter().all(|&t| t <= high)
+        && at_dump <= high + largest as i64)
+        .then_some(WorkingSet::Plateau { bytes: high.max(0) as u64, iterations })
+}
+
+/// Per iteration of the trace (between consecutive boundaries), the least total `weight` of the
+/// blocks alive during it (its trough, once the iteration's own temporaries are freed), and the
+/// total alive at the dump. `weight` picks the blocks counted and what each weighs; those made
+/// before the trace are alive from its start.
+fn troughs(cx: &Context, weight: impl Fn(&memsnap_replay::BlockLifetime) -> Option<i64>) -> (Vec<i64>, i64) {
     let mut alive: i64 = 0;
     let mut steps: Vec<(u32, i64)> = Vec::new();
-    for b in cx.replay.blocks.iter().filter(|b| sizes.contains(&b.size)) {
+    for b in &cx.replay.blocks {
+        let Some(w) = weight(b) else { continue };
         match b.alloc_event() {
-            Some(a) => steps.push((a, 1)),
-            None => alive += 1,
+            Some(a) => steps.push((a, w)),
+            None => alive += w,
         }
         if let Some(f) = b.freed_at() {
-            steps.push((f, -1));
+            steps.push((f, -w));
         }
     }
     steps.sort_unstable();
-    // The fewest alive in each iteration of the trace's first half: its trough, once the
-    // iteration's own temporaries of those sizes (activations, their gradients) are freed.
-    // The fewest alive in each iteration: its trough, once the iteration's own temporaries of
-    // those sizes (activations, their gradients) are freed.
     let mut next = 0;
-    let troughs: Vec<i64> = bounds
+    let troughs = cx
+        .phases
+        .boundaries
         .windows(2)
         .map(|w| {
             while next < steps.len() && steps[next].0 < w[0] {
@@ -638,20 +685,7 @@ fn working_set(cx: &Context, group: &LineBlocks) -> Option<WorkingSet> {
         })
         .collect();
     let at_dump = alive + steps[next..].iter().map(|s| s.1).sum::<i64>();
-    let (first_half, second_half) = troughs.split_at(troughs.len().div_ceil(2));
-    let earlier = first_half.iter().copied().max().unwrap_or(0);
-    if at_dump <= earlier + 1 {
-        return Some(WorkingSet::Level { at_dump: at_dump.max(0) as usize, earlier: earlier.max(0) as usize });
-    }
-    let level = second_half.iter().copied().min().unwrap_or(0);
-    (second_half.len() >= cx.thresholds.min_leak_occurrences
-        && second_half.iter().all(|&t| t == level)
-        && at_dump <= level + 1)
-        .then_some(WorkingSet::Filled {
-            at_dump: at_dump.max(0) as usize,
-            level: level.max(0) as usize,
-            iterations: second_half.len(),
-        })
+    (troughs, at_dump)
 }
 
 /// `Some(k)` when every block was made in the trace and they fall in only `k` (fewer than

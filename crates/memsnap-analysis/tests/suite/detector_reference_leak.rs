@@ -612,3 +612,50 @@ fn state_context_near_miss_cache_that_never_fills_grows() {
     assert_site(&s, TRAIN, 30, &a);
     assert_eq!(s.bytes, 30 * FEATURE, "{}", describe(&a));
 }
+
+/// `cache[key] = feature` for 3 new keys a step (line 30), features of varying sizes (4 to 32
+/// granules, drawn by a fixed generator), the least recently used entries evicted while the
+/// cache holds more than `budget` bytes; `steps` training steps. With the bytes held at the end.
+fn feature_cache_by_bytes(steps: usize, budget: u64) -> (Program, u64) {
+    let mut p = Program::new(2);
+    let mut cache = std::collections::VecDeque::new();
+    let (mut held, mut draw) = (0u64, 7u64);
+    for _ in 0..steps {
+        for _ in 0..3 {
+            draw = (draw * 1_103_515_245 + 12_345) % (1 << 31);
+            let size = (4 + (draw >> 16) % 29) * GRANULE;
+            cache.push_back((p.t.alloc(size, &[(TRAIN, 30, "<module>")]), size));
+            held += size;
+            while held > budget && cache.len() > 1 {
+                let (oldest, size) = cache.pop_front().unwrap();
+                p.t.free(oldest, &[(TRAIN, 31, "<module>")]);
+                held -= size;
+            }
+        }
+        step_with(&mut p, ZeroGrad::SetToNone, |p| p.step(&[top(19)]));
+    }
+    (p, held)
+}
+
+/// A cache bounded by bytes whose entries vary in size (s01: encoder states of varying lengths
+/// in an LRU under a byte budget), full by the fourth of twelve steps: the dump's entries have
+/// sizes that earlier entries did not, so no count by size stays level, but the bytes within
+/// their range of sizes stop rising (`WorkingSet::Plateau`), a working set said in a caveat.
+#[test]
+fn state_context_cache_bounded_by_bytes_with_entries_of_varying_sizes_is_a_working_set() {
+    let a = analyze_snapshot(&recorded_with_state_context(feature_cache_by_bytes(12, 160 * GRANULE).0));
+    assert_no_suspects(&a);
+    let caveats = &a.devices[0].caveats;
+    assert!(caveats.iter().any(|c| c.contains("within their range of sizes stopped growing")), "{caveats:?}");
+}
+
+/// Near miss: the same cache with a budget it never reaches: the bytes within its range of
+/// sizes rise every step, a leak.
+#[test]
+fn state_context_near_miss_cache_of_varying_sizes_that_never_fills_grows() {
+    let (p, held) = feature_cache_by_bytes(12, u64::MAX);
+    let a = analyze_snapshot(&recorded_with_state_context(p));
+    let s = the_one(&a, SuspectKind::ReferenceLeak);
+    assert_site(&s, TRAIN, 30, &a);
+    assert_eq!(s.bytes, held, "{}", describe(&a));
+}
