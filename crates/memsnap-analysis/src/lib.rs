@@ -463,7 +463,7 @@ fn analyze_device(
                 "{head}, yet blocks of their sizes stopped growing during the trace ({level} alive at the low point of each of its last {iterations} iterations, {at_dump} at the dump): what holds them filled up and then kept its size (a cache at its capacity, replacing entries), so they are not reported as a leak"
             ),
             detectors::state_only::WorkingSet::Plateau { bytes, iterations } => format!(
-                "{head}, yet the blocks within their range of sizes stopped growing during the trace (at the low point of each of its last {iterations} iterations at most {}, reached in the first half of them, and no more at the dump than one such block above it): what holds them is bounded by its bytes or its entries and replaces them (a cache of entries of varying sizes), so they are not reported as a leak",
+                "{head}, yet the blocks within their range of sizes stopped growing during the trace (at the low point of each of its last {iterations} iterations at most {}, a level an earlier iteration's low point reached, and no more at the dump than one such block above it): what holds them is bounded by its bytes or its entries and replaces them (a cache of entries of varying sizes), so they are not reported as a leak",
                 memsnap_model::format_bytes(*bytes, 2)
             ),
         }

@@ -359,7 +359,8 @@ impl Context<'_> {
     /// - what the retaining backward allocated and that outlives it, but for parameter-sized
     ///   blocks (the gradients): with `create_graph=True` the backward records a graph of its
     ///   own whose operations save their tensors (the gradients of every layer), kept as long as
-    ///   its result is (a plain retaining backward leaves only parameter gradients);
+    ///   its result is (a plain retaining backward leaves only parameter gradients); so does a
+    ///   backward that ran after it before the next forward pass, through the same graphs;
     /// - the gradient of such an input that requires grad (`x.requires_grad_()` for a saliency or
     ///   gradient penalty): a later backward accumulates it into `x.grad`, of exactly `x`'s size,
     ///   and it lives as long as `x` does.
@@ -393,7 +394,25 @@ impl Context<'_> {
         if windows.is_empty() {
             return out;
         }
-        let retaining: BTreeSet<usize> = windows.iter().map(|w| w.2).collect();
+        // The retaining backwards, and the backwards that ran after one of them before the next
+        // forward pass began: they went through the same graphs (a second `autograd.grad` over
+        // the first one's `create_graph=True` result, as a PDE residual's second derivative
+        // does), and with `create_graph=True` they record a graph of their own on the first's,
+        // whose saved tensors the same reference keeps (r01: 68 MiB a step of the second
+        // derivative's products, read before as the engine's blocks kept apart).
+        // (backward → the retaining backward whose graphs it went through)
+        let mut retaining: std::collections::BTreeMap<usize, usize> = Default::default();
+        for &(_, _, backward) in &windows {
+            let end = self.phases.backwards[backward].span.end;
+            let forwards = &self.phases.forwards;
+            let next_pass =
+                forwards.get(forwards.partition_point(|f| f.span.start < end)).map_or(u32::MAX, |f| f.span.start);
+            for k in
+                (backward..self.phases.backwards.len()).take_while(|&k| self.phases.backwards[k].span.start < next_pass)
+            {
+                retaining.entry(k).or_insert(backward);
+            }
+        }
         // The first window (by pass start) that holds event `a`. Windows come in pass order and
         // where their inputs may start (the end of the backward before the pass) never goes
         // back, so the first window that starts after `a` is the only one that can hold it: a
@@ -417,7 +436,7 @@ impl Context<'_> {
                 if self.param_sizes.contains(&b.size) {
                     continue;
                 }
-                out[bi] = self.phases.backward_index_at(a).filter(|k| retaining.contains(k)).map(|k| k as u32);
+                out[bi] = self.phases.backward_index_at(a).and_then(|k| retaining.get(&k)).map(|&k| k as u32);
             } else if let Some(bw) = input_window(a) {
                 // Optimizer state made by the step between the two passes is no input.
                 let info = self.stacks.get(self.events[a as usize].stack);

@@ -585,16 +585,19 @@ pub(crate) enum WorkingSet {
     /// iteration adds a block within any three, so its low points rise over those iterations;
     /// the one more is, as for `Level`, what the last iteration left bound.
     Filled { at_dump: usize, level: usize, iterations: usize },
-    /// The bytes of all blocks within the group's range of sizes, of any line, reached `bytes`
-    /// at the trough of an iteration in the first half of the trace's last `iterations`
-    /// iterations and never went above it at the trough of a later one, nor at the dump by
-    /// more than one of the group's largest blocks: a store bounded by its bytes or its count
-    /// whose entries differ in size (s01 in `context="state"`: an LRU of encoder states of
-    /// varying lengths within a byte budget) holds bytes that rise and fall as entries are
-    /// replaced, while its blocks' sizes change, so counts by size (`Level`, `Filled`) miss it.
-    /// A leak that keeps a block at least every other iteration raises the trough of one of any
-    /// two iterations above every earlier one; blocks of other lines within the range are
-    /// counted too (as for `Level`) and can hide a small leak among a larger store's swings.
+    /// The bytes of all blocks within the group's range of sizes, of any line, were at most
+    /// `bytes` at the trough of each of the trace's last `iterations` iterations (the last half
+    /// of its second half, at least 2), a level the trough of an earlier iteration reached, and
+    /// at the dump no more than one of the group's largest blocks above it: a store bounded by
+    /// its bytes or its count whose entries differ in size (s01 in `context="state"`: an LRU of
+    /// encoder states of varying lengths within a byte budget) holds bytes that rise and fall as
+    /// entries are replaced, while its blocks' sizes change, so counts by size (`Level`,
+    /// `Filled`) miss it; its swings can make a new high within the second half (s54 cut to a
+    /// ring window), not above the whole trace's earlier troughs. A leak that keeps a block at
+    /// least every other iteration raises the trough of one of any two iterations above every
+    /// earlier one; blocks of other lines within the range are counted too (as for `Level`) and
+    /// can hide a small leak among a larger store's swings, or a leak that begins after a
+    /// larger in-range store was let go.
     Plateau { bytes: u64, iterations: usize },
 }
 
@@ -633,18 +636,18 @@ fn working_set(cx: &Context, group: &LineBlocks) -> Option<WorkingSet> {
     plateau(cx, &sizes, second_half.len())
 }
 
-/// [`WorkingSet::Plateau`] for a group of block `sizes`, judged over the trace's last
-/// `iterations` iterations.
+/// [`WorkingSet::Plateau`] for a group of block `sizes`, judged over the last half of the trace's
+/// last `iterations` iterations.
 fn plateau(cx: &Context, sizes: &BTreeSet<u64>, iterations: usize) -> Option<WorkingSet> {
     let (&smallest, &largest) = (sizes.first()?, sizes.last()?);
     let (troughs, at_dump) = troughs(cx, |b| (smallest..=largest).contains(&b.size).then_some(b.size as i64));
-    let last = &troughs[troughs.len() - iterations..];
-    let (earlier, later) = last.split_at(iterations / 2);
+    // The later part: the last half of those iterations; the earlier, every iteration before.
+    let (earlier, later) = troughs.split_at(troughs.len() - (iterations - iterations / 2));
     let high = earlier.iter().copied().max()?;
     (iterations >= cx.thresholds.min_leak_occurrences
         && later.iter().all(|&t| t <= high)
         && at_dump <= high + largest as i64)
-        .then_some(WorkingSet::Plateau { bytes: high.max(0) as u64, iterations })
+        .then_some(WorkingSet::Plateau { bytes: high.max(0) as u64, iterations: later.len() })
 }
 
 /// Per iteration of the trace (between consecutive boundaries), the least total `weight` of the
