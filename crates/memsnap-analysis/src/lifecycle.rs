@@ -12,7 +12,7 @@
 //! - **consumed**: a backward pass freed some of its blocks: a healthy graph. Its blocks still
 //!   alive after that backward are held by Python references, not by the graph.
 //! - **retained by backward**: grad was on, the next thing to run was a backward, and that backward
-//!   freed none of its blocks: the graph was kept (`retain_graph=True`).
+//!   freed none of its blocks: the graph was kept (`retain_graph=True`, or `create_graph=True`).
 //! - **awaiting backward**: grad was on and no backward consumed it, but the trace ends at an OOM
 //!   after it, or its call site trains (an earlier pass from it was consumed) and no backward has
 //!   run since: a deferred backward that had not come yet (gradient accumulation over kept losses).

@@ -79,7 +79,7 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
             );
             let head = match hold {
                 GraphHold::RetainedByBackward => format!(
-                    "The backward pass at {} ran right after {} (called at {}) and freed none of {} {}{}: the graph was kept (`retain_graph=True`).",
+                    "The backward pass at {} ran right after {} (called at {}) and freed none of {} {}{}: the graph was kept (`retain_graph=True`, or `create_graph=True`, which implies it).",
                     site(backward_line),
                     if n == 1 { forward_passes(graphs.unwrap_or_default()) } else { format!("each of {}", forward_passes(graphs.unwrap_or_default())) },
                     site(forward_call),
@@ -341,7 +341,7 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
 
 pub fn advice(s: &Suspect) -> String {
     match &s.facts {
-        Evidence::RetainedGraph { hold: GraphHold::RetainedByBackward, .. } => "Drop `retain_graph=True` unless a second backward through the same graph follows; if the loss or outputs are also stored, store `loss.item()` / `out.detach()`. To carry state across steps (RNN hidden state), `detach()` it at each step.".into(),
+        Evidence::RetainedGraph { hold: GraphHold::RetainedByBackward, .. } => "Drop `retain_graph=True` unless a second backward through the same graph follows, and `create_graph=True` unless a gradient of the gradients is taken (adapting or probing only to evaluate needs first-order gradients); if the loss or outputs are also stored, store `loss.item()` / `out.detach()`. To carry state across steps (RNN hidden state), `detach()` it at each step.".into(),
         Evidence::RetainedGraph { hold: GraphHold::RetainedThenKept, .. } => "Keeping the graph is needed here (a second backward goes through it), but it must go once the step's last backward ran: store what you log or reuse without its history (`losses.append(loss.detach())`, `loss.item()`), or `del` the tensors that hold it before the next step.".into(),
         Evidence::RetainedGraph { hold: GraphHold::KeptReference, .. } => "Keep numbers, not tensors with history: `losses.append(loss.item())`, `total += loss.item()`, `outs.append(out.detach().cpu())`; and run evaluation under `torch.no_grad()` so no graph is built.".into(),
         Evidence::RetainedGraph { hold: GraphHold::SkippedBackward, .. } => "Let go of a skipped step's tensors: keep `str(e)` or `e.with_traceback(None)`, not the caught exception (its traceback holds the frames whose locals hold the loss and outputs), and `del` or `.item()` the loss and outputs before skipping; `no_grad` is not the fix, this code path trains.".into(),
