@@ -394,13 +394,13 @@ impl Context<'_> {
         if windows.is_empty() {
             return out;
         }
-        // The retaining backwards, and the backwards that ran after one of them before the next
-        // forward pass began: they went through the same graphs (a second `autograd.grad` over
-        // the first one's `create_graph=True` result, as a PDE residual's second derivative
-        // does), and with `create_graph=True` they record a graph of their own on the first's,
-        // whose saved tensors the same reference keeps (r01: 68 MiB a step of the second
-        // derivative's products, read before as the engine's blocks kept apart).
-        // (backward → the retaining backward whose graphs it went through)
+        // Backward → the retaining backward whose graphs it went through: each retaining
+        // backward itself, and the backwards that ran after one before the next forward pass
+        // began. Those went through the same graphs (a second `autograd.grad` over the first's
+        // `create_graph=True` result, as a PDE residual's second derivative does), and with
+        // `create_graph=True` they record a graph of their own on the first's, whose saved
+        // tensors the same reference keeps (r01: 68 MiB a step of the second derivative's
+        // products, read before as the engine's blocks kept apart).
         let mut retaining: std::collections::BTreeMap<usize, usize> = Default::default();
         for &(_, _, backward) in &windows {
             let end = self.phases.backwards[backward].span.end;

@@ -639,14 +639,15 @@ fn working_set(cx: &Context, group: &LineBlocks) -> Option<WorkingSet> {
 /// [`WorkingSet::Plateau`] for a group of block `sizes`, judged over the last half of the trace's
 /// last `iterations` iterations.
 fn plateau(cx: &Context, sizes: &BTreeSet<u64>, iterations: usize) -> Option<WorkingSet> {
+    if iterations < cx.thresholds.min_leak_occurrences {
+        return None;
+    }
     let (&smallest, &largest) = (sizes.first()?, sizes.last()?);
     let (troughs, at_dump) = troughs(cx, |b| (smallest..=largest).contains(&b.size).then_some(b.size as i64));
     // The later part: the last half of those iterations; the earlier, every iteration before.
     let (earlier, later) = troughs.split_at(troughs.len() - (iterations - iterations / 2));
     let high = earlier.iter().copied().max()?;
-    (iterations >= cx.thresholds.min_leak_occurrences
-        && later.iter().all(|&t| t <= high)
-        && at_dump <= high + largest as i64)
+    (later.iter().all(|&t| t <= high) && at_dump <= high + largest as i64)
         .then_some(WorkingSet::Plateau { bytes: high.max(0) as u64, iterations: later.len() })
 }
 
