@@ -1198,3 +1198,17 @@ fn a_state_only_dump_during_generation_is_not_a_leak_of_its_kv_cache() {
     assert_eq!(fmaps["facts"]["origin"], "state_only", "{}", fmaps["facts"]);
     assert_eq!(fmaps["bytes"].as_u64(), Some(24 * (2 << 20)), "{}", describe(&out));
 }
+
+#[test]
+fn a_hooks_kept_copies_made_before_a_ring_window_are_counted_in_its_evidence() {
+    // r04 (ring of ~7 steps): a forward hook added every epoch keeps a clone of its first output
+    // (l.46, inside the model call). 3 clones are made in the window; the dump names l.46 for 4
+    // more made before it, which the evidence counts (`facts.before_trace`), as it does for a
+    // pass's outputs and user code: 7 clones of 8.27 MiB, what the program keeps.
+    let out = analyze(&fixture_with_prefix("extra29", "r04_"));
+    let s = &out["suspects"][0];
+    assert_eq!((s["kind"].as_str(), s["site"]["line"].as_u64()), (Some("reference_leak"), Some(46)), "{s}");
+    assert_eq!(s["facts"]["blocks"], 3, "{s}");
+    assert_eq!(s["facts"]["before_trace"]["blocks"], 4, "{s}");
+    assert_eq!(s["facts"]["before_trace"]["bytes"], 34_668_544, "{s}");
+}

@@ -1012,10 +1012,11 @@ fn made_before_trace(cx: &Context, line: FrameId, origin: LeakOrigin, kept: &[us
     };
     // A pass's kept blocks include what the user's code made right before or after its model
     // calls (j08: the draft's stacked probabilities, the target's softmax, kept per round of
-    // speculative decoding), named at that user line.
+    // speculative decoding), named at that user line, and what user code a module ran inside
+    // the call made, named at its own line (a forward hook's `output.clone()`: r04).
     let matches = |info: &crate::stacks::StackInfo| match origin {
         LeakOrigin::TrainedForward | LeakOrigin::NoGradForward | LeakOrigin::ReleasedGraphForward => {
-            info.forward && info.forward_call == Some(line) || user_code(info)
+            info.forward && (info.forward_call == Some(line) || info.site == Some(line)) || user_code(info)
         }
         LeakOrigin::UserCode => user_code(info),
         _ => false,
