@@ -239,7 +239,7 @@ fn seen_at_dump(cx: &Context, g: &state_only::Group) -> Option<Finding> {
         stack: g.stack,
         facts: Evidence::RetainedGraph {
             hold: GraphHold::SeenAtDump,
-            graphs: shape.iterations,
+            graphs: shape.iterations(),
             held_blocks: g.blocks.len() as u64,
             forward_call: Some(cx.site(g.line)),
             backward_line: None,

@@ -92,14 +92,24 @@ pub(crate) struct GraphShape {
     /// Operations inside the model call that made blocks alive at least `min_leak_occurrences`
     /// times each.
     pub ops: usize,
-    /// The iterations of the trace the group's blocks were made in, the stretch before the
-    /// first boundary counted as one (`None` without a trace that has iterations): how many
-    /// passes' graphs are kept, when one pass runs per iteration.
-    pub iterations: Option<usize>,
+    /// When the group's blocks were made, per stretch of the trace ([`stretches_made_in`];
+    /// `None` without a trace that has iterations): [`GraphShape::iterations`] counts them, and
+    /// [`inputs_of_graphs`] reads the batch made before each.
+    stretches: Option<GraphStretches>,
     /// The lines inside the model whose blocks are alive, most bytes first (up to 3).
     pub lines: Vec<FrameId>,
     /// User lines whose blocks joined as the passes' inputs ([`inputs_of_graphs`]).
     pub input_lines: Vec<FrameId>,
+}
+
+impl GraphShape {
+    /// The iterations of the trace the group's blocks were made in, the stretch before the
+    /// first boundary counted as one (`None` without a trace that has iterations): how many
+    /// passes' graphs are kept, when one pass runs per iteration. A boundary found by the
+    /// optimizer's step ends a pass's iteration, so the first pass comes before it.
+    pub fn iterations(&self) -> Option<usize> {
+        self.stretches.as_ref().map(|s| s.first_made.len())
+    }
 }
 
 /// A device read from its dump alone: what both detectors (`reference_leak`, `retained_graph`)
@@ -159,7 +169,7 @@ fn with_graph_parts_joined(cx: &Context, groups: Vec<Group>) -> Vec<Group> {
     else {
         return groups;
     };
-    let graph_stretches = stretches_made_in(cx, &groups[largest_graph].blocks);
+    let graph_stretches = groups[largest_graph].graph.as_ref().and_then(|g| g.stretches.clone());
     let mut joined = Vec::new();
     let mut input_lines = Vec::new();
     let mut kept = Vec::with_capacity(groups.len());
@@ -209,6 +219,7 @@ fn stretches_made_in(cx: &Context, blocks: &[usize]) -> Option<GraphStretches> {
 
 /// When kept graphs' blocks were made: per stretch of the trace ([`stretches_made_in`]), the
 /// first allocation event; and whether some were made before the trace (a ring that wrapped).
+#[derive(Clone)]
 struct GraphStretches {
     first_made: BTreeMap<usize, u32>,
     before_trace: bool,
@@ -321,17 +332,7 @@ fn shape(cx: &Context, blocks: &[usize]) -> Shape {
     lines.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     Shape::Graph(GraphShape {
         ops: repeated.len(),
-        // Stretches of the trace between iteration boundaries, the one before the first
-        // included: a boundary found by the optimizer's step ends a pass's iteration, so the
-        // first pass comes before it.
-        iterations: (cx.phases.boundaries.len() >= 2).then(|| {
-            blocks
-                .iter()
-                .filter_map(|&bi| cx.replay.blocks[bi].alloc_event())
-                .map(|a| cx.phases.stretch_of(a))
-                .collect::<BTreeSet<usize>>()
-                .len()
-        }),
+        stretches: stretches_made_in(cx, blocks),
         lines: lines.into_iter().take(3).map(|(l, _)| l).collect(),
         input_lines: Vec::new(),
     })
