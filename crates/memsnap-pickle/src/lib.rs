@@ -26,8 +26,8 @@ pub use error::{opcode_name, ErrorKind, PickleError};
 pub use source::{CountingReader, Fault, ReadSource, SliceSource, Source, WINDOW};
 pub use value::{Heap, ListStore, Value};
 pub use vm::{
-    parse, parse_source, Advanced, Ahead, Compactor, Limits, MemoRef, NoCompaction, ObjectBudget, Parsed, Progress,
-    Stats, Store, StoreView, MAX_FAST_FORWARD_WINDOW,
+    long_value, parse, parse_source, Advanced, Ahead, Compactor, Limits, MemoRef, NoCompaction, ObjectBudget, Parsed,
+    Progress, Stats, Store, StoreView, MAX_FAST_FORWARD_WINDOW,
 };
 
 /// Read a pickle without compaction and default limits.

@@ -1200,21 +1200,31 @@ fn fault(at: u64, op: u8, f: Fault, needed: u64) -> PickleError {
 }
 
 /// Little-endian two's-complement integer of `b.len()` bytes (LONG1/LONG4); `None` when it is
-/// wider than 128 bits.
-fn long_value(b: &[u8]) -> Option<i128> {
-    if b.is_empty() {
+/// wider than 128 bits. Shared with the parallel trace reader (`memsnap-model`), so that both
+/// readers agree on every integer.
+pub fn long_value(b: &[u8]) -> Option<i128> {
+    let n = b.len();
+    if n == 0 {
         return Some(0);
     }
-    // Fast path: addresses and timestamps are 6–8 byte LONG1s.
-    if b.len() <= 8 {
-        let mut buf = [0u8; 8];
-        buf[..b.len()].copy_from_slice(b);
-        let shift = 64 - 8 * b.len() as u32;
-        return Some(((i64::from_le_bytes(buf) << shift) >> shift) as i128);
+    // Fast path: addresses and timestamps are 6–8 byte LONG1s. The bytes are read where they
+    // lie, in two overlapping words, never copied into a buffer and read back whole: a copy of
+    // variable length followed by a wide load of the same buffer stalls store forwarding, which
+    // once took a quarter of `summary` on a trace of 1 M entries.
+    if n <= 8 {
+        let word = if n >= 4 {
+            let low = u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u64;
+            let high = u32::from_le_bytes([b[n - 4], b[n - 3], b[n - 2], b[n - 1]]) as u64;
+            low | high << (8 * (n - 4))
+        } else {
+            b[0] as u64 | (b[n / 2] as u64) << (8 * (n / 2)) | (b[n - 1] as u64) << (8 * (n - 1))
+        };
+        let shift = 64 - 8 * n as u32;
+        return Some((((word << shift) as i64) >> shift) as i128);
     }
     // Strip redundant sign-extension bytes, then require at most 16 significant bytes.
-    let neg = b[b.len() - 1] & 0x80 != 0;
-    let mut n = b.len();
+    let neg = b[n - 1] & 0x80 != 0;
+    let mut n = n;
     let fill = if neg { 0xff } else { 0x00 };
     while n > 1 && b[n - 1] == fill && ((b[n - 2] & 0x80 != 0) == neg) {
         n -= 1;

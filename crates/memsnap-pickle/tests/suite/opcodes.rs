@@ -121,6 +121,37 @@ fn long1_and_long4() {
     check(b"\x80\x02\x8b\x02\x00\x00\x00\x01\x01.", T::Int(257));
 }
 
+/// `long_value` against the definition (sign-extend the bytes to 16 and read them) at every
+/// width from 0 to 16 bytes, for values that set and clear each byte's sign bit: the fast path
+/// up to 8 bytes reads two overlapping words, so every width has its own byte arrangement.
+#[test]
+fn long_values_of_every_width_match_the_definition() {
+    fn reference(b: &[u8]) -> i128 {
+        let fill = if b.last().is_some_and(|x| x & 0x80 != 0) { 0xff } else { 0 };
+        let mut buf = [fill; 16];
+        buf[..b.len()].copy_from_slice(b);
+        i128::from_le_bytes(buf)
+    }
+    let patterns: [[u8; 16]; 5] = [
+        std::array::from_fn(|i| (i as u8 + 1).wrapping_mul(0x11)),
+        std::array::from_fn(|i| 0x80 | i as u8),
+        std::array::from_fn(|i| 0x7f - i as u8),
+        [0xff; 16],
+        [0x00; 16],
+    ];
+    for p in patterns {
+        for n in 0..=16 {
+            let b = &p[..n];
+            assert_eq!(memsnap_pickle::long_value(b), Some(reference(b)), "{n} bytes {b:02x?}");
+        }
+    }
+    assert_eq!(
+        memsnap_pickle::long_value(&[0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x80]),
+        Some(i64::MIN as i128 + 1)
+    );
+    assert_eq!(memsnap_pickle::long_value(&[0xff, 0xff, 0xff, 0xff, 0xff, 0x7f]), Some((1i128 << 47) - 1));
+}
+
 #[test]
 fn ints_up_to_128_bits() {
     let mut max = b"\x80\x02\x8a\x10".to_vec();

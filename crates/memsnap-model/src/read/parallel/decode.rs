@@ -960,7 +960,7 @@ impl<'d> Decoder<'d, '_, '_, '_> {
                 if n > MAX_LONG {
                     return Err(Stop);
                 }
-                Raw::Int(long_value(self.take(n)?))
+                Raw::Int(memsnap_pickle::long_value(self.take(n)?).ok_or(Stop)?)
             }
             b'G' => Raw::Float(f64::from_be_bytes(self.arg()?)),
             _ => return Err(Stop),
@@ -1379,17 +1379,6 @@ fn u64_in(i: i128, max: u64) -> R<u64> {
     } else {
         Err(Stop)
     }
-}
-
-/// Little-endian two's-complement integer of at most 16 bytes (LONG1).
-fn long_value(b: &[u8]) -> i128 {
-    if b.is_empty() {
-        return 0;
-    }
-    let neg = b[b.len() - 1] & 0x80 != 0;
-    let mut buf = [if neg { 0xff } else { 0 }; 16];
-    buf[..b.len()].copy_from_slice(b);
-    i128::from_le_bytes(buf)
 }
 
 #[cfg(test)]
