@@ -353,6 +353,8 @@ fn analyze_device(
 ) -> DeviceAnalysis {
     let PreparedDevice { phases, labels, notes } = prepared;
     let events = snap.trace(d.device).map_or(&[][..], |tr| &tr.events[..]);
+    // What the reader counted of the events (stacked ones, actions), not counted again here.
+    let facts = snap.trace(d.device).map(|tr| tr.facts()).unwrap_or_default();
     let peak_t = d.peaks.allocated.event_index.map(|i| i as u32);
     let end_t = if events.is_empty() { None } else { Some(events.len() as u32 - 1) };
     // The two moments and the lifecycle read the replay and the phases only: side by side.
@@ -385,8 +387,7 @@ fn analyze_device(
                 if n == 1 { "it has" } else { "they have" }
             ));
         }
-        let framed = events.iter().filter(|e| e.stack != StackId::EMPTY).count();
-        if framed == 0 {
+        if facts.events_with_frames == 0 {
             // Does a block alive at the dump name a line, by its own stack (allocated before
             // the trace) or the dump's (`dump_stacks`)? A pass over this device's blocks, not a
             // scan of every device's segments.
@@ -424,7 +425,7 @@ fn analyze_device(
             memsnap_model::format_bytes(saved, 2)
         )
     }));
-    let peak_known = events.iter().any(|e| e.action() == memsnap_model::Action::Alloc);
+    let peak_known = facts.actions.iter().any(|&(a, count)| a == memsnap_model::Action::Alloc && count > 0);
     let cx = detectors::Context {
         snap,
         stacks,

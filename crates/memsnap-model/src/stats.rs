@@ -83,6 +83,9 @@ pub struct TraceFacts {
     /// Counts per action, in [`Action`] order.
     pub actions: Vec<(Action, u64)>,
     pub events_without_time: u64,
+    /// Events with a stack (frames, or a legacy history): none in a trace recorded without
+    /// stacks or with `context="state"`.
+    pub events_with_frames: u64,
 }
 
 impl DeviceTotals {
@@ -165,28 +168,9 @@ impl Snapshot {
         by.into_values().collect()
     }
 
-    /// Per device trace: its entry count, time range, action counts. Taken from what the
-    /// reader counted as it read ([`DeviceTrace::summary`]), else computed from the events.
+    /// Per device trace, its [`DeviceTrace::facts`].
     pub fn trace_facts(&self) -> Vec<TraceFacts> {
-        self.traces
-            .iter()
-            .map(|tr| match &tr.summary {
-                Some(s) => s.facts.clone(),
-                // Counted in parallel runs merged in order (the merge keeps first and last).
-                None => tr
-                    .events
-                    .par_iter()
-                    .fold(TraceTally::default, |mut t, e| {
-                        t.count(e);
-                        t
-                    })
-                    .reduce(TraceTally::default, |mut a, b| {
-                        a.merge(&b);
-                        a
-                    })
-                    .facts(tr.device),
-            })
-            .collect()
+        self.traces.iter().map(DeviceTrace::facts).collect()
     }
 }
 
@@ -201,6 +185,7 @@ pub struct TraceTally {
     last_action: Option<Action>,
     counts: [u64; ALL_ACTIONS.len()],
     events_without_time: u64,
+    events_with_frames: u64,
     /// Addresses of `alloc` events (distinct: the caching allocator hands the same addresses
     /// out again and again, so there are far fewer than events).
     alloc_addresses: rustc_hash::FxHashSet<u64>,
@@ -226,6 +211,7 @@ impl TraceTally {
         } else {
             self.events_without_time += 1;
         }
+        self.events_with_frames += (e.stack != crate::StackId::EMPTY) as u64;
         self.first_action.get_or_insert(e.action());
         self.last_action = Some(e.action());
     }
@@ -247,12 +233,18 @@ impl TraceTally {
             *c += l;
         }
         self.events_without_time += later.events_without_time;
+        self.events_with_frames += later.events_with_frames;
         self.alloc_addresses.extend(&later.alloc_addresses);
     }
 
     /// Events counted.
     pub fn entries(&self) -> u64 {
         self.entries
+    }
+
+    /// Events counted that have a stack.
+    pub fn events_with_frames(&self) -> u64 {
+        self.events_with_frames
     }
 
     /// Approximate bytes held (for a reader's object budget).
@@ -270,6 +262,7 @@ impl TraceTally {
             last_action: self.last_action,
             actions: ALL_ACTIONS.iter().map(|&a| (a, self.counts[action_index(a)])).filter(|(_, c)| *c > 0).collect(),
             events_without_time: self.events_without_time,
+            events_with_frames: self.events_with_frames,
         }
     }
 
@@ -281,6 +274,27 @@ impl TraceTally {
 }
 
 impl DeviceTrace {
+    /// Its entry count, time range, action counts, stacked events. Taken from what the reader
+    /// counted as it read ([`DeviceTrace::summary`]), else computed from the events.
+    pub fn facts(&self) -> TraceFacts {
+        match &self.summary {
+            Some(s) => s.facts.clone(),
+            // Counted in parallel runs merged in order (the merge keeps first and last).
+            None => self
+                .events
+                .par_iter()
+                .fold(TraceTally::default, |mut t, e| {
+                    t.count(e);
+                    t
+                })
+                .reduce(TraceTally::default, |mut a, b| {
+                    a.merge(&b);
+                    a
+                })
+                .facts(self.device),
+        }
+    }
+
     /// Number of entries (also when a summary read kept only their counts).
     pub fn entries(&self) -> u64 {
         self.summary.as_ref().map_or(self.events.len() as u64, |s| s.facts.entries)

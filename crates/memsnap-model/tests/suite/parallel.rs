@@ -140,6 +140,10 @@ fn a_summary_read_counts_what_the_events_say() {
             for (a, b) in summary.traces.iter().zip(&full.traces) {
                 assert_eq!(a.alloc_addresses(), b.alloc_addresses(), "{name}");
                 assert_eq!(a.entries(), b.entries(), "{name}");
+                // The stacked events the analysis reads from the facts are the events' own.
+                let stacked = b.events.iter().filter(|e| e.stack != memsnap_model::StackId::EMPTY).count() as u64;
+                assert_eq!(a.facts().events_with_frames, stacked, "{name}");
+                assert_eq!(b.facts().events_with_frames, stacked, "{name}");
                 // Looking for addresses finds exactly the allocated ones: every allocation
                 // address, interleaved with addresses just past them, which no block has.
                 let allocated = b.alloc_addresses();

@@ -61,7 +61,6 @@ pub(super) fn merge(b: &mut Builder, store: &mut Store<'_, '_>, chunk: &Chunk) -
 pub(in crate::read) struct Converted {
     /// The events' tally (all a summary read keeps of them).
     pub tally: crate::TraceTally,
-    pub with_frames: u64,
     pub unknown_actions: Vec<String>,
     /// The streams and labels of the chunk's events, numbered for the chunk alone (see
     /// [`Contexts::absorb`]); `None` when the chunk had more than a table holds.
@@ -81,7 +80,6 @@ pub(super) fn convert(
     place: &mut [TraceEvent],
 ) {
     out.tally = crate::TraceTally::default();
-    out.with_frames = 0;
     out.unknown_actions.clear();
     let mut contexts = out.contexts.take().unwrap_or_default();
     contexts.clear();
@@ -94,7 +92,6 @@ pub(super) fn convert(
             Some(id) => e.set_context(id),
             None => fits = false,
         }
-        out.with_frames += (e.stack != StackId::EMPTY) as u64;
         out.tally.add(&e);
         if b.keep_events {
             place[k] = e;

@@ -258,7 +258,7 @@ pub(super) fn fast_forward(b: &mut Builder, ahead: Ahead<'_, '_>) -> Result<Opti
     }
     let mut at = first_event;
     for (out, (_, n)) in outs[..merged_maps.len()].iter_mut().zip(&merged_maps) {
-        b.events_with_frames += out.with_frames;
+        b.events_with_frames += out.tally.events_with_frames();
         for a in &out.unknown_actions {
             *b.unknown_actions.entry(a.clone()).or_default() += 1;
         }
