@@ -113,9 +113,21 @@ pub struct Lifecycle {
     /// a varying number of rows, such as a mixture of experts' per-expert outputs, and blocks
     /// the allocator did not split, whose size depends on the free block they came from).
     pub one_off: Vec<usize>,
+    /// Whether each block of `DeviceReplay::blocks` lives in a private pool (see
+    /// [`Lifecycle::in_private_pool`]).
+    pub private: Vec<bool>,
 }
 
 impl Lifecycle {
+    /// Does `block` live in a private pool? Mechanism: what a CUDA graph's capture allocates
+    /// comes from the graph's private pool and stays at its address for every replay (a
+    /// captured backward's gradients are the graph's static gradients), so neither autograd nor
+    /// the program can release it while the graph lives (`zero_grad(set_to_none=True)` would
+    /// only leave the replays writing to memory no tensor names).
+    pub fn in_private_pool(&self, block: usize) -> bool {
+        self.private.get(block).copied().unwrap_or(false)
+    }
+
     pub fn unit_of(&self, block: usize) -> Option<usize> {
         self.unit_of_block.get(block).copied().filter(|&u| u != u32::MAX).map(|u| u as usize)
     }
@@ -502,7 +514,7 @@ pub fn lifecycle(
                 .collect()
         })
         .collect();
-    Lifecycle { units, blocks, unit_of_block, one_off }
+    Lifecycle { units, blocks, unit_of_block, one_off, private }
 }
 
 /// Mark unconsumed grad-on units that feed a retaining backward together with the pass right

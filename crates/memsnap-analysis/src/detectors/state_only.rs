@@ -448,15 +448,25 @@ struct LineBlocks {
 /// line that runs it), so at a dump taken during or right after generation they are many
 /// blocks from one line, and a dump alone cannot tell one request's cache from caches kept
 /// across requests (n24; [`state_kv_cache`] says so in a caveat).
+///
+/// Blocks that construction code made (a model built or copied: `Module.to`, `__init__`,
+/// `copy.deepcopy`) count only where one line built them in iterations as growth does (the
+/// "repeated" of [`sift_by_iteration`]). Mechanism: a model built once is the program's model,
+/// however many blocks it has, and one rebuilt each round while the last is rebound away has
+/// one copy alive, made in one iteration; a line whose models from round after round are all
+/// still alive keeps a model per round (a teacher `copy.deepcopy`'d each generation into a
+/// list: aa10; a sweep storing each model it trains: n07), which the trace shows by when each
+/// was made.
 fn state_groups(cx: &Context) -> Vec<LineBlocks> {
-    let mut by: BTreeMap<FrameId, (Vec<usize>, StackId, u64)> = BTreeMap::new();
+    // By line, and whether construction code made them: (blocks, the stack of the largest, its size).
+    let mut by: BTreeMap<(FrameId, bool), (Vec<usize>, StackId, u64)> = BTreeMap::new();
     for (bi, b, stack) in live_blocks_with_stacks(cx) {
         let info = cx.stacks.get(stack);
-        if info.construction || info.optimizer || info.backward_launch || info.recompute || info.kv_cache {
+        if info.optimizer || info.backward_launch || info.recompute || info.kv_cache {
             continue;
         }
         let Some(line) = info.forward_call.or(info.site) else { continue };
-        let e = by.entry(line).or_insert((Vec::new(), stack, 0));
+        let e = by.entry((line, info.construction)).or_insert((Vec::new(), stack, 0));
         e.0.push(bi);
         if b.size > e.2 {
             e.1 = stack;
@@ -464,14 +474,16 @@ fn state_groups(cx: &Context) -> Vec<LineBlocks> {
         }
     }
     by.into_iter()
-        .filter_map(|(line, (blocks, stack, _))| {
-            let (blocks, repeated) = sift_by_iteration(cx, blocks);
-            (repeated || blocks.len() as u64 >= cx.thresholds.state_min_same_site_blocks).then_some(LineBlocks {
-                line,
-                blocks,
-                stack,
-                repeated,
-            })
+        .filter_map(|((line, construction), (blocks, stack, _))| {
+            // Copies built round after round are all kept or rebound away one at a time (one
+            // alive, never repeated); a store of a few is bounded by sizes ([`working_set`]). So
+            // a construction line's rounds are told as a site's whose kept tensors nothing let
+            // go (`Context::is_unevicted_growth`): a model per generation of 5 steps (aa10).
+            let share =
+                if construction { cx.thresholds.unevicted_leak_share } else { cx.thresholds.leak_occurrence_share };
+            let (blocks, repeated) = sift_by_iteration(cx, blocks, share);
+            let kept = repeated || !construction && blocks.len() as u64 >= cx.thresholds.state_min_same_site_blocks;
+            kept.then_some(LineBlocks { line, blocks, stack, repeated })
         })
         .collect()
 }
@@ -493,7 +505,8 @@ fn state_groups(cx: &Context) -> Vec<LineBlocks> {
 /// detached).
 ///
 /// Repeated: a path that kept what it made in at least `min_leak_occurrences` iterations, in at
-/// least `leak_occurrence_share` of those from the first it kept in to the end of the trace, and
+/// least `share` (`leak_occurrence_share`, or for construction `unevicted_leak_share`: see
+/// [`state_groups`]) of those from the first it kept in to the end of the trace, and
 /// on to that end (no longer gap after the last than between two), is growth by itself, however
 /// few its blocks (z04: one hook output kept per iteration, 7 blocks, under the
 /// `state_min_same_site_blocks` that a dump alone needs; p07: a leak that starts after a warm-up,
@@ -502,7 +515,7 @@ fn state_groups(cx: &Context) -> Vec<LineBlocks> {
 /// an entry only when a new shape comes, ever more rarely (p11's masks per sequence length, made
 /// in 5 of 24 iterations).
 /// What holds repeated blocks bounded still shows as a working set ([`working_set`]).
-fn sift_by_iteration(cx: &Context, mut blocks: Vec<usize>) -> (Vec<usize>, bool) {
+fn sift_by_iteration(cx: &Context, mut blocks: Vec<usize>, share: f64) -> (Vec<usize>, bool) {
     let bounds = &cx.phases.boundaries;
     let occurrences = cx.thresholds.min_leak_occurrences;
     if !cx.traced || bounds.len() < occurrences {
@@ -529,7 +542,7 @@ fn sift_by_iteration(cx: &Context, mut blocks: Vec<usize>) -> (Vec<usize>, bool)
         let (Some(&first), Some(&latest)) = (kept.first(), kept.last()) else { return false };
         let widest_gap = kept.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
         kept.len() >= occurrences
-            && kept.len() as f64 >= cx.thresholds.leak_occurrence_share * (last + 1 - first) as f64
+            && kept.len() as f64 >= share * (last + 1 - first) as f64
             && last - latest <= widest_gap
     });
     (blocks, repeated)

@@ -17,7 +17,9 @@
 //!
 //! Claims: kept gradient-like backward blocks; for the waste fact, the gradients alive at the
 //! window start. Near misses: gradients allocated once and reused; gradients freed before the
-//! evaluation starts; a window made only by checkpoint recomputation (that is backward).
+//! evaluation starts; a window made only by checkpoint recomputation (that is backward); the
+//! static gradients of a backward captured in a CUDA graph, which live in the graph's private
+//! pool as long as the graph does (aa02).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -129,19 +131,46 @@ fn through_evaluation(cx: &Context, leak_lines: &[Option<FrameId>]) -> Option<Fi
             continue;
         }
         let t = Some(w.start);
-        let mut bytes = 0;
-        let mut blocks = Vec::new();
-        let mut lines: BTreeMap<Option<FrameId>, u64> = BTreeMap::new();
+        // Candidates: (block, the backward pass that made it, its user line).
+        let mut candidates: Vec<(usize, Option<usize>, Option<FrameId>)> = Vec::new();
         for (bi, b) in d.blocks.iter().enumerate() {
             let Some(a) = b.alloc_event() else { continue };
             if a >= w.start || b.state_after(t) != Some(BlockState::Allocated) || !cx.param_sizes.contains(&b.size) {
                 continue;
             }
-            if let Attr::Backward(line) = cx.attr(b) {
-                bytes += b.size;
-                blocks.push(bi);
-                *lines.entry(line).or_default() += b.size;
+            // A captured backward's static gradients are its CUDA graph's, not the program's to
+            // release (`Lifecycle::in_private_pool`).
+            if cx.lifecycle.in_private_pool(bi) {
+                continue;
             }
+            if let Attr::Backward(line) = cx.attr(b) {
+                candidates.push((bi, phases.backward_index_at(a), line));
+            }
+        }
+        // Gradient sets. A backward makes every parameter's gradient at once, one block each,
+        // of the parameters' sizes; the gradients alive at the window are such sets, one per
+        // backward whose `.grad`s are still held (one per model trained in turn: a GAN's two,
+        // an ensemble's members). A block a backward left alone is not one: a library's
+        // workspace, made by the engine thread's first matmul and never freed (cuBLAS's 32 MiB
+        // on an H100: aa02, the NeRFs o05, o06, o15). A pass's blocks count as a set with at
+        // least `min_gradients_per_step` of them of two or more sizes, as kept gradients must
+        // (`Context::looks_like_gradients`).
+        let mut per_pass: BTreeMap<Option<usize>, (u64, BTreeSet<u64>)> = BTreeMap::new();
+        for &(bi, pass, _) in &candidates {
+            let e = per_pass.entry(pass).or_default();
+            e.0 += 1;
+            e.1.insert(d.blocks[bi].size);
+        }
+        let is_set = |pass: &Option<usize>| {
+            per_pass.get(pass).is_some_and(|(n, sizes)| *n >= cx.thresholds.min_gradients_per_step && sizes.len() >= 2)
+        };
+        let mut bytes = 0;
+        let mut blocks = Vec::new();
+        let mut lines: BTreeMap<Option<FrameId>, u64> = BTreeMap::new();
+        for &(bi, _, line) in candidates.iter().filter(|c| is_set(&c.1)) {
+            bytes += d.blocks[bi].size;
+            blocks.push(bi);
+            *lines.entry(line).or_default() += d.blocks[bi].size;
         }
         if best.as_ref().is_none_or(|x| bytes > x.0) {
             best = Some((bytes, wi, blocks, lines));
