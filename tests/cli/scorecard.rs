@@ -310,6 +310,43 @@ fn ring_window_counts_kept_blocks_made_before_it() {
     assert_eq!(a["suspects"].as_array().unwrap().len(), 0, "l06 cut to its last fifth: {a}");
 }
 
+/// A leak read from the dump's stacks alone is shown with the stack of the code path that keeps
+/// making its blocks, not of a first call's larger state (`state_only::group_stack`): aa05's
+/// closures keep the attention maps its line 42 makes, and the model's first `Linear` (line 40)
+/// made the 32 MiB cuBLAS workspace, larger than any map, before the window. Cut to its last
+/// fifth, and without event stacks, the suspect's stack must start at line 42.
+#[test]
+fn a_state_read_leak_is_shown_with_the_stack_that_keeps_making_its_blocks() {
+    if std::process::Command::new("python3").arg("--version").output().is_err() {
+        println!("SKIPPED a_state_read_leak_is_shown_with_the_stack_that_keeps_making_its_blocks: no python3");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = "extra30/aa05_ring_attention_entropy_deferred_closures_kept_leak.pickle.xz";
+    for setting in ["last20", "context-state"] {
+        let status = std::process::Command::new("python3")
+            .arg(common::fixture("gen/recording_settings.py"))
+            .arg(dir.path())
+            .arg(setting)
+            .arg(common::fixture(fixture))
+            .status()
+            .unwrap();
+        assert!(status.success(), "recording_settings.py {setting} {fixture} failed");
+        let rewritten =
+            dir.path().join(format!("aa05_ring_attention_entropy_deferred_closures_kept_leak.{setting}.pickle"));
+        let a = common::memsnap(&["analyze", "--json", rewritten.to_str().unwrap()]).json();
+        let leak = a["suspects"].as_array().unwrap().iter().find(|s| s["kind"] == "reference_leak");
+        let first = leak.and_then(|s| s["stack"].as_array()).and_then(|st| st.first()).cloned();
+        assert!(
+            first.as_ref().is_some_and(|f| f["line"] == 42
+                && f["filename"]
+                    .as_str()
+                    .is_some_and(|n| n.ends_with("aa05_ring_attention_entropy_deferred_closures_kept_leak.py"))),
+            "aa05 ({setting}): the reference_leak's stack does not start at the softmax line 42: {first:?}"
+        );
+    }
+}
+
 /// Clean programs read as leaking, and leak kinds not planted, when the trace is a ring that
 /// wrapped: every fixture cut to its last half and last fifth. Ring buffers are how long jobs
 /// are recorded (`max_entries`), and a window that starts mid-run shows a cache's evictions of

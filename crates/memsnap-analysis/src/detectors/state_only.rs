@@ -458,34 +458,52 @@ struct LineBlocks {
 /// list: aa10; a sweep storing each model it trains: n07), which the trace shows by when each
 /// was made.
 fn state_groups(cx: &Context) -> Vec<LineBlocks> {
-    // By line, and whether construction code made them: (blocks, the stack of the largest, its size).
-    let mut by: BTreeMap<(FrameId, bool), (Vec<usize>, StackId, u64)> = BTreeMap::new();
-    for (bi, b, stack) in live_blocks_with_stacks(cx) {
+    // By line, and whether construction code made them: each block with its stack.
+    let mut by: BTreeMap<(FrameId, bool), Vec<(usize, StackId)>> = BTreeMap::new();
+    for (bi, _, stack) in live_blocks_with_stacks(cx) {
         let info = cx.stacks.get(stack);
         if info.optimizer || info.backward_launch || info.recompute || info.kv_cache {
             continue;
         }
         let Some(line) = info.forward_call.or(info.site) else { continue };
-        let e = by.entry((line, info.construction)).or_insert((Vec::new(), stack, 0));
-        e.0.push(bi);
-        if b.size > e.2 {
-            e.1 = stack;
-            e.2 = b.size;
-        }
+        by.entry((line, info.construction)).or_default().push((bi, stack));
     }
     by.into_iter()
-        .filter_map(|((line, construction), (blocks, stack, _))| {
+        .filter_map(|((line, construction), made)| {
             // Copies built round after round are all kept or rebound away one at a time (one
             // alive, never repeated); a store of a few is bounded by sizes ([`working_set`]). So
             // a construction line's rounds are told as a site's whose kept tensors nothing let
             // go (`Context::is_unevicted_growth`): a model per generation of 5 steps (aa10).
             let share =
                 if construction { cx.thresholds.unevicted_leak_share } else { cx.thresholds.leak_occurrence_share };
-            let (blocks, repeated) = sift_by_iteration(cx, blocks, share);
+            let (blocks, repeated) = sift_by_iteration(cx, made.iter().map(|m| m.0).collect(), share);
             let kept = repeated || !construction && blocks.len() as u64 >= cx.thresholds.state_min_same_site_blocks;
-            kept.then_some(LineBlocks { line, blocks, stack, repeated })
+            kept.then(|| LineBlocks { line, stack: group_stack(cx, &made, &blocks), blocks, repeated })
         })
         .collect()
+}
+
+/// The stack a group is shown with: that of its largest block among the code paths (stacks)
+/// that left at least `min_leak_occurrences` of its blocks, else of its largest block. A leak's
+/// code path keeps what it makes again and again; a path with one or two live blocks is more
+/// likely a first call's state, such as the cuBLAS workspace the model's first matmul made (32
+/// MiB, larger than any kept attention map: aa05 cut to its last fifth named the workspace's
+/// `Linear` instead of the softmax whose maps the closures keep).
+fn group_stack(cx: &Context, made: &[(usize, StackId)], blocks: &[usize]) -> StackId {
+    let in_group: BTreeSet<usize> = blocks.iter().copied().collect();
+    let kept: Vec<(usize, StackId)> = made.iter().filter(|m| in_group.contains(&m.0)).copied().collect();
+    let mut per_stack: BTreeMap<StackId, usize> = BTreeMap::new();
+    for &(_, stack) in &kept {
+        *per_stack.entry(stack).or_default() += 1;
+    }
+    let largest = |among: &mut dyn Iterator<Item = &(usize, StackId)>| {
+        among.max_by_key(|(bi, stack)| (cx.replay.blocks[*bi].size, std::cmp::Reverse(*bi), *stack)).map(|m| m.1)
+    };
+    let repeating = &mut kept.iter().filter(|m| per_stack[&m.1] >= cx.thresholds.min_leak_occurrences);
+    largest(repeating)
+        .or_else(|| largest(&mut kept.iter()))
+        .or_else(|| largest(&mut made.iter()))
+        .unwrap_or(StackId::EMPTY)
 }
 
 /// What a trace (without stacks) that has iterations tells of a group's `blocks`, by the
