@@ -1212,3 +1212,17 @@ fn a_hooks_kept_copies_made_before_a_ring_window_are_counted_in_its_evidence() {
     assert_eq!(s["facts"]["before_trace"]["blocks"], 4, "{s}");
     assert_eq!(s["facts"]["before_trace"]["bytes"], 34_668_544, "{s}");
 }
+
+#[test]
+fn blocks_an_earlier_occurrence_of_the_same_code_path_made_before_a_ring_window_are_counted() {
+    // aa05 (ring of ~3 of 16 steps): closures keep the attention maps of a softmax (l.42) inside
+    // an attention module; the suspect is named at the module's call in the block (l.56), which
+    // is neither the line that ran the model nor the innermost user line. The dump has 27 more
+    // maps made before the window by the same stack, frame for frame: what the program keeps.
+    let out = analyze(&fixture_with_prefix("extra30", "aa05_"));
+    let s = &out["suspects"][0];
+    assert_eq!((s["kind"].as_str(), s["site"]["line"].as_u64()), (Some("reference_leak"), Some(56)), "{s}");
+    assert_eq!(s["facts"]["blocks"], 5, "{s}");
+    assert_eq!(s["facts"]["before_trace"]["blocks"], 27, "{s}");
+    assert_eq!(s["facts"]["before_trace"]["bytes"], 27 * 4 * 1024 * 1024, "{s}");
+}

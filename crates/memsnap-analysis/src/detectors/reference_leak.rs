@@ -1021,6 +1021,17 @@ fn made_before_trace(cx: &Context, line: FrameId, origin: LeakOrigin, kept: &[us
         LeakOrigin::UserCode => user_code(info),
         _ => false,
     };
+    // Or made by the very code path that made a kept block in the trace (the same stack, frame
+    // for frame): an earlier occurrence of the same keeping, wherever the suspect is named along
+    // that path (aa05: maps of a softmax inside an attention module, named at the module's call
+    // in the block, kept by closures: 27 made before a ring of about three steps). Only stacks
+    // with a user frame: every block made while recording was off has none, as has every
+    // block the autograd engine made, so an empty stack says nothing of the code path (y06).
+    let kept_stacks: BTreeSet<StackId> = kept
+        .iter()
+        .map(|&bi| cx.event_stack(&cx.replay.blocks[bi]))
+        .filter(|&stack| !cx.stacks.userless(stack))
+        .collect();
     let (blocks, bytes) = cx
         .replay
         .blocks
@@ -1029,7 +1040,7 @@ fn made_before_trace(cx: &Context, line: FrameId, origin: LeakOrigin, kept: &[us
             b.alloc_event().is_none()
                 && b.freed_at().is_none()
                 && sizes.contains(&b.size)
-                && matches(&cx.stacks.get(b.stack))
+                && (matches(&cx.stacks.get(b.stack)) || kept_stacks.contains(&b.stack))
         })
         .fold((0u64, 0u64), |(n, s), b| (n + 1, s + b.size));
     (blocks > 0).then_some(BeforeTrace { blocks, bytes })
