@@ -496,14 +496,12 @@ fn group_stack(cx: &Context, made: &[(usize, StackId)], blocks: &[usize]) -> Sta
     for &(_, stack) in &kept {
         *per_stack.entry(stack).or_default() += 1;
     }
-    let largest = |among: &mut dyn Iterator<Item = &(usize, StackId)>| {
-        among.max_by_key(|(bi, stack)| (cx.replay.blocks[*bi].size, std::cmp::Reverse(*bi), *stack)).map(|m| m.1)
+    let largest = |among: &[(usize, StackId)]| {
+        among.iter().max_by_key(|(bi, _)| (cx.replay.blocks[*bi].size, std::cmp::Reverse(*bi))).map(|m| m.1)
     };
-    let repeating = &mut kept.iter().filter(|m| per_stack[&m.1] >= cx.thresholds.min_leak_occurrences);
-    largest(repeating)
-        .or_else(|| largest(&mut kept.iter()))
-        .or_else(|| largest(&mut made.iter()))
-        .unwrap_or(StackId::EMPTY)
+    let repeating: Vec<(usize, StackId)> =
+        kept.iter().filter(|m| per_stack[&m.1] >= cx.thresholds.min_leak_occurrences).copied().collect();
+    largest(&repeating).or_else(|| largest(&kept)).unwrap_or(StackId::EMPTY)
 }
 
 /// What a trace (without stacks) that has iterations tells of a group's `blocks`, by the

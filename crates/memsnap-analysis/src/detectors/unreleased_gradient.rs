@@ -19,7 +19,8 @@
 //! window start. Near misses: gradients allocated once and reused; gradients freed before the
 //! evaluation starts; a window made only by checkpoint recomputation (that is backward); the
 //! static gradients of a backward captured in a CUDA graph, which live in the graph's private
-//! pool as long as the graph does (aa02).
+//! pool as long as the graph does, and a lone parameter-sized block a backward left beside the
+//! gradients, such as the engine thread's cuBLAS workspace (aa02).
 
 use std::collections::{BTreeMap, BTreeSet};
 
