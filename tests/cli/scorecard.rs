@@ -281,19 +281,7 @@ fn ring_window_counts_kept_blocks_made_before_it() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let cut = |setting: &str, fixture: &str| {
-        let status = std::process::Command::new("python3")
-            .arg(common::fixture("gen/recording_settings.py"))
-            .arg(dir.path())
-            .arg(setting)
-            .arg(common::fixture(fixture))
-            .status()
-            .unwrap();
-        assert!(status.success(), "recording_settings.py {setting} {fixture} failed");
-        let stem = fixture.rsplit('/').next().unwrap().trim_end_matches(".xz").trim_end_matches(".pickle");
-        let rewritten = dir.path().join(format!("{stem}.{setting}.pickle"));
-        common::memsnap(&["analyze", "--json", rewritten.to_str().unwrap()]).json()
-    };
+    let cut = |setting: &str, fixture: &str| analyze_rewritten(dir.path(), setting, fixture);
     for (fixture, line) in [
         ("extra3/z13_resnet18_metrics_outputs_leak.pickle.xz", 28),
         ("extra5/v06_bad_batch_quarantine_leak.pickle.xz", 44),
@@ -310,6 +298,22 @@ fn ring_window_counts_kept_blocks_made_before_it() {
     assert_eq!(a["suspects"].as_array().unwrap().len(), 0, "l06 cut to its last fifth: {a}");
 }
 
+/// `analyze --json` of `fixture` rewritten into `dir` as `setting` would have recorded it
+/// (`fixtures/gen/recording_settings.py`).
+fn analyze_rewritten(dir: &std::path::Path, setting: &str, fixture: &str) -> serde_json::Value {
+    let status = std::process::Command::new("python3")
+        .arg(common::fixture("gen/recording_settings.py"))
+        .arg(dir)
+        .arg(setting)
+        .arg(common::fixture(fixture))
+        .status()
+        .unwrap();
+    assert!(status.success(), "recording_settings.py {setting} {fixture} failed");
+    let stem = fixture.rsplit('/').next().unwrap().trim_end_matches(".xz").trim_end_matches(".pickle");
+    let rewritten = dir.join(format!("{stem}.{setting}.pickle"));
+    common::memsnap(&["analyze", "--json", rewritten.to_str().unwrap()]).json()
+}
+
 /// A leak read from the dump's stacks alone is shown with the stack of the code path that keeps
 /// making its blocks, not of a first call's larger state (`state_only::group_stack`): aa05's
 /// closures keep the attention maps its line 42 makes, and the model's first `Linear` (line 40)
@@ -324,17 +328,7 @@ fn a_state_read_leak_is_shown_with_the_stack_that_keeps_making_its_blocks() {
     let dir = tempfile::tempdir().unwrap();
     let fixture = "extra30/aa05_ring_attention_entropy_deferred_closures_kept_leak.pickle.xz";
     for setting in ["last20", "context-state"] {
-        let status = std::process::Command::new("python3")
-            .arg(common::fixture("gen/recording_settings.py"))
-            .arg(dir.path())
-            .arg(setting)
-            .arg(common::fixture(fixture))
-            .status()
-            .unwrap();
-        assert!(status.success(), "recording_settings.py {setting} {fixture} failed");
-        let rewritten =
-            dir.path().join(format!("aa05_ring_attention_entropy_deferred_closures_kept_leak.{setting}.pickle"));
-        let a = common::memsnap(&["analyze", "--json", rewritten.to_str().unwrap()]).json();
+        let a = analyze_rewritten(dir.path(), setting, fixture);
         let leak = a["suspects"].as_array().unwrap().iter().find(|s| s["kind"] == "reference_leak");
         let first = leak.and_then(|s| s["stack"].as_array()).and_then(|st| st.first()).cloned();
         assert!(
