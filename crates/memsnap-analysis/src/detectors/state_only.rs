@@ -473,7 +473,7 @@ fn state_groups(cx: &Context) -> Vec<LineBlocks> {
             // Copies built round after round are all kept or rebound away one at a time (one
             // alive, never repeated); a store of a few is bounded by sizes ([`working_set`]). So
             // a construction line's rounds are told as a site's whose kept tensors nothing let
-            // go (`Context::is_unevicted_growth`): a model per generation of 5 steps (aa10).
+            // go (`Context::is_unevicted_growth`): a model per generation of 4 steps (aa10).
             let share =
                 if construction { cx.thresholds.unevicted_leak_share } else { cx.thresholds.leak_occurrence_share };
             let (blocks, repeated) = sift_by_iteration(cx, made.iter().map(|m| m.0).collect(), share);
