@@ -352,9 +352,10 @@ fn analyze_device(
     dump_stacks: &rustc_hash::FxHashMap<(u32, u64), StackId>,
 ) -> DeviceAnalysis {
     let PreparedDevice { phases, labels, notes } = prepared;
-    let events = snap.trace(d.device).map_or(&[][..], |tr| &tr.events[..]);
+    let trace = snap.trace(d.device);
+    let events = trace.map_or(&[][..], |tr| &tr.events[..]);
     // What the reader counted of the events (stacked ones, actions), not counted again here.
-    let facts = snap.trace(d.device).map(|tr| tr.facts()).unwrap_or_default();
+    let facts = trace.map(|tr| tr.facts()).unwrap_or_default();
     let peak_t = d.peaks.allocated.event_index.map(|i| i as u32);
     let end_t = if events.is_empty() { None } else { Some(events.len() as u32 - 1) };
     // The two moments and the lifecycle read the replay and the phases only: side by side.

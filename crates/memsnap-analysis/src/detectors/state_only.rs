@@ -78,7 +78,7 @@ pub(crate) struct Group {
     pub line: FrameId,
     /// Indices into the replay's blocks.
     pub blocks: Vec<usize>,
-    /// The stack of the largest block the line made.
+    /// The stack it is shown with (`group_stack`: the largest block's of a repeating code path).
     pub stack: StackId,
     /// Set when the blocks are kept graphs' saved tensors (see the module comment).
     pub graph: Option<GraphShape>,
@@ -434,7 +434,7 @@ struct LineBlocks {
     line: FrameId,
     /// Indices into the replay's blocks, ascending.
     blocks: Vec<usize>,
-    /// The stack of the largest.
+    /// The stack it is shown with ([`group_stack`]).
     stack: StackId,
     /// A code path made them over the trace's iterations as growth does (the "repeated" of
     /// [`sift_by_iteration`]).
@@ -476,9 +476,14 @@ fn state_groups(cx: &Context) -> Vec<LineBlocks> {
             // go (`Context::is_unevicted_growth`): a model per generation of 4 steps (aa10).
             let share =
                 if construction { cx.thresholds.unevicted_leak_share } else { cx.thresholds.leak_occurrence_share };
-            let (blocks, repeated) = sift_by_iteration(cx, made.iter().map(|m| m.0).collect(), share);
-            let kept = repeated || !construction && blocks.len() as u64 >= cx.thresholds.state_min_same_site_blocks;
-            kept.then(|| LineBlocks { line, stack: group_stack(cx, &made, &blocks), blocks, repeated })
+            let (made, repeated) = sift_by_iteration(cx, made, share);
+            let kept = repeated || !construction && made.len() as u64 >= cx.thresholds.state_min_same_site_blocks;
+            kept.then(|| LineBlocks {
+                line,
+                stack: group_stack(cx, &made),
+                blocks: made.iter().map(|m| m.0).collect(),
+                repeated,
+            })
         })
         .collect()
 }
@@ -489,11 +494,9 @@ fn state_groups(cx: &Context) -> Vec<LineBlocks> {
 /// likely a first call's state, such as the cuBLAS workspace the model's first matmul made (32
 /// MiB, larger than any kept attention map: aa05 cut to its last fifth named the workspace's
 /// `Linear` instead of the softmax whose maps the closures keep).
-fn group_stack(cx: &Context, made: &[(usize, StackId)], blocks: &[usize]) -> StackId {
-    let in_group: BTreeSet<usize> = blocks.iter().copied().collect();
-    let kept: Vec<(usize, StackId)> = made.iter().filter(|m| in_group.contains(&m.0)).copied().collect();
+fn group_stack(cx: &Context, kept: &[(usize, StackId)]) -> StackId {
     let mut per_stack: BTreeMap<StackId, usize> = BTreeMap::new();
-    for &(_, stack) in &kept {
+    for &(_, stack) in kept {
         *per_stack.entry(stack).or_default() += 1;
     }
     let largest = |among: &[(usize, StackId)]| {
@@ -501,11 +504,11 @@ fn group_stack(cx: &Context, made: &[(usize, StackId)], blocks: &[usize]) -> Sta
     };
     let repeating: Vec<(usize, StackId)> =
         kept.iter().filter(|m| per_stack[&m.1] >= cx.thresholds.min_leak_occurrences).copied().collect();
-    largest(&repeating).or_else(|| largest(&kept)).unwrap_or(StackId::EMPTY)
+    largest(&repeating).or_else(|| largest(kept)).unwrap_or(StackId::EMPTY)
 }
 
-/// What a trace (without stacks) that has iterations tells of a group's `blocks`, by the
-/// iteration each was made in: the blocks less those of code paths that made them once, and
+/// What a trace (without stacks) that has iterations tells of a group's `blocks` (each with
+/// its dump stack), by the iteration each was made in: the blocks less those of code paths that made them once, and
 /// whether some code path made blocks in at least `min_leak_occurrences` different iterations.
 /// Without a trace, or with fewer iteration boundaries than `min_leak_occurrences`, the blocks
 /// as they are and `false`.
@@ -531,7 +534,7 @@ fn group_stack(cx: &Context, made: &[(usize, StackId)], blocks: &[usize]) -> Sta
 /// an entry only when a new shape comes, ever more rarely (p11's masks per sequence length, made
 /// in 5 of 24 iterations).
 /// What holds repeated blocks bounded still shows as a working set ([`working_set`]).
-fn sift_by_iteration(cx: &Context, mut blocks: Vec<usize>, share: f64) -> (Vec<usize>, bool) {
+fn sift_by_iteration(cx: &Context, mut blocks: Vec<(usize, StackId)>, share: f64) -> (Vec<(usize, StackId)>, bool) {
     let bounds = &cx.phases.boundaries;
     let occurrences = cx.thresholds.min_leak_occurrences;
     if !cx.traced || bounds.len() < occurrences {
@@ -539,9 +542,8 @@ fn sift_by_iteration(cx: &Context, mut blocks: Vec<usize>, share: f64) -> (Vec<u
     }
     // Per stack: live blocks, and the iterations they were made in (`None` for a block made
     // before the trace).
-    let stacks: Vec<StackId> = blocks.iter().map(|&bi| dump_stack(cx, &cx.replay.blocks[bi])).collect();
     let mut per_stack: BTreeMap<StackId, (usize, BTreeSet<Option<usize>>)> = BTreeMap::new();
-    for (&bi, &stack) in blocks.iter().zip(&stacks) {
+    for &(bi, stack) in &blocks {
         let iteration = cx.replay.blocks[bi].alloc_event().map(|a| bounds.partition_point(|&x| x <= a));
         let (n, made_in) = per_stack.entry(stack).or_default();
         *n += 1;
@@ -550,8 +552,7 @@ fn sift_by_iteration(cx: &Context, mut blocks: Vec<usize>, share: f64) -> (Vec<u
     let made_once = |(n, made_in): &(usize, BTreeSet<Option<usize>>)| {
         *n < occurrences && made_in.len() == 1 && !made_in.contains(&None)
     };
-    let mut stacks = stacks.into_iter();
-    blocks.retain(|_| !made_once(&per_stack[&stacks.next().expect("one stack per block")]));
+    blocks.retain(|(_, stack)| !made_once(&per_stack[stack]));
     let last = bounds.len();
     let repeated = per_stack.values().any(|(_, made_in)| {
         let kept: Vec<usize> = made_in.iter().flatten().copied().collect();
