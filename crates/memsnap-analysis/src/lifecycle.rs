@@ -315,17 +315,24 @@ pub fn lifecycle(
     // Lines that make a pass's inputs: those allocating in the gap before a pass (after a
     // backward, or before the first pass). When the same line allocates again right after a
     // pass, it is making the next pass's inputs, not computing on this pass's result.
+    // Gathered per thread and joined: few stacks qualify, and the stack's kind (an index) is
+    // looked at before where the block lies (binary searches over the units).
     let input_stacks: FxHashSet<memsnap_model::StackId> = d
         .blocks
         .par_iter()
-        .filter_map(|b| b.alloc_event())
-        .filter(|&a| unit_at(a).is_none() && next_unit(a).is_some())
-        .map(|a| events[a as usize].stack)
-        .filter(|&s| {
+        .filter_map(|b| b.alloc_event().map(|a| (a, events[a as usize].stack)))
+        .fold(FxHashSet::default, |mut set, (a, s)| {
             let info = stacks.get(s);
-            info.python && !info.forward && !info.optimizer && !info.backward_launch && !info.recompute
+            let maker = info.python && !info.forward && !info.optimizer && !info.backward_launch && !info.recompute;
+            if maker && !set.contains(&s) && unit_at(a).is_none() && next_unit(a).is_some() {
+                set.insert(s);
+            }
+            set
         })
-        .collect();
+        .reduce(FxHashSet::default, |mut a, b| {
+            a.extend(b);
+            a
+        });
     let mut unit_of_block = vec![u32::MAX; d.blocks.len()];
     let mut members: Vec<Vec<(usize, bool)>> = vec![Vec::new(); units.len()];
     let mut consumer: Vec<Option<usize>> = vec![None; units.len()];
