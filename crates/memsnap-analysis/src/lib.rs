@@ -443,6 +443,7 @@ fn analyze_device(
         kept_backward: Default::default(),
         retained_held: Default::default(),
         state_read: Default::default(),
+        chains: Default::default(),
     };
     let suspects = detectors::detect(&cx);
     let working_sets = cx.state_reading().map_or(&[][..], |s| &s.working_sets[..]);

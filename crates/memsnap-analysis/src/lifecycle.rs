@@ -269,36 +269,36 @@ pub fn lifecycle(
     // Blocks that are not autograd's to free: private pools (CUDA graphs own their memory), and
     // one-off blocks (see `Lifecycle::one_off`).
     let private = private_pool_blocks(d);
-    // Counted per thread and summed: there are millions of blocks but few (stack, size) pairs.
-    let recurrence: FxHashMap<(memsnap_model::StackId, u64), u32> = d
+    // How often each (stack, size) pair was allocated, and the first allocation of each stack
+    // (lazily made state comes the first time its line runs): one pass, counted per thread and
+    // joined, as there are millions of blocks but few stacks. A block's `stack` is its
+    // allocating event's (the replay copies it), read here without a look into the events.
+    type Counts = FxHashMap<(memsnap_model::StackId, u64), u32>;
+    type Firsts = FxHashMap<memsnap_model::StackId, u32>;
+    let (recurrence, first_alloc): (Counts, Firsts) = d
         .blocks
         .par_iter()
-        .filter_map(|b| b.alloc_event().map(|a| (events[a as usize].stack, b.size)))
-        .fold(FxHashMap::default, |mut m, k| {
-            *m.entry(k).or_default() += 1;
-            m
-        })
-        .reduce(FxHashMap::default, |mut a, b| {
-            for (k, n) in b {
-                *a.entry(k).or_default() += n;
-            }
-            a
-        });
-    // The first allocation of each stack: lazily made state comes the first time its line runs.
-    let first_alloc: FxHashMap<memsnap_model::StackId, u32> = d
-        .blocks
-        .par_iter()
-        .filter_map(|b| b.alloc_event().map(|a| (events[a as usize].stack, a)))
-        .fold(FxHashMap::default, |mut m, (s, a)| {
-            m.entry(s).and_modify(|f: &mut u32| *f = (*f).min(a)).or_insert(a);
-            m
-        })
-        .reduce(FxHashMap::default, |mut a, b| {
-            for (s, f) in b {
-                a.entry(s).and_modify(|g: &mut u32| *g = (*g).min(f)).or_insert(f);
-            }
-            a
-        });
+        .filter_map(|b| b.alloc_event().map(|a| (b.stack, b.size, a)))
+        .fold(
+            || (Counts::default(), Firsts::default()),
+            |(mut counts, mut firsts), (stack, size, a)| {
+                *counts.entry((stack, size)).or_default() += 1;
+                firsts.entry(stack).and_modify(|f| *f = (*f).min(a)).or_insert(a);
+                (counts, firsts)
+            },
+        )
+        .reduce(
+            || (Counts::default(), Firsts::default()),
+            |(mut counts, mut firsts), (more_counts, more_firsts)| {
+                for (k, n) in more_counts {
+                    *counts.entry(k).or_default() += n;
+                }
+                for (s, f) in more_firsts {
+                    firsts.entry(s).and_modify(|g| *g = (*g).min(f)).or_insert(f);
+                }
+                (counts, firsts)
+            },
+        );
     let one_off: Vec<usize> = d
         .blocks
         .par_iter()
@@ -306,7 +306,7 @@ pub fn lifecycle(
         .filter(|(_, b)| b.freed_at().is_none())
         .filter_map(|(bi, b)| {
             let a = b.alloc_event()?;
-            let stack = events[a as usize].stack;
+            let stack = b.stack;
             let first = first_alloc.get(&stack).copied().unwrap_or(a);
             (recurrence.get(&(stack, b.size)) == Some(&1) && phases.iteration_of(a) == phases.iteration_of(first))
                 .then_some(bi)
@@ -320,7 +320,7 @@ pub fn lifecycle(
     let input_stacks: FxHashSet<memsnap_model::StackId> = d
         .blocks
         .par_iter()
-        .filter_map(|b| b.alloc_event().map(|a| (a, events[a as usize].stack)))
+        .filter_map(|b| b.alloc_event().map(|a| (a, b.stack)))
         .fold(FxHashSet::default, |mut set, (a, s)| {
             let info = stacks.get(s);
             let maker = info.python && !info.forward && !info.optimizer && !info.backward_launch && !info.recompute;
@@ -336,14 +336,15 @@ pub fn lifecycle(
     let mut unit_of_block = vec![u32::MAX; d.blocks.len()];
     let mut members: Vec<Vec<(usize, bool)>> = vec![Vec::new(); units.len()];
     let mut consumer: Vec<Option<usize>> = vec![None; units.len()];
-    // Each block's unit, decided on its own (in parallel), then gathered in block order.
-    let placed: Vec<Option<(u32, bool, Option<usize>)>> = d
+    // Each block's unit, decided on its own (in parallel), then gathered in block order: the
+    // blocks placed, as (block, unit, in the pass, the backward that consumed it).
+    let placed: Vec<(u32, u32, bool, Option<u32>)> = d
         .blocks
         .par_iter()
         .enumerate()
-        .map(|(bi, b)| {
+        .filter_map(|(bi, b)| {
             let a = b.alloc_event()?;
-            let stack = events[a as usize].stack;
+            let stack = b.stack;
             let info = stacks.get(stack);
             if !info.python || info.recompute || info.backward_launch || info.optimizer || private[bi] {
                 return None;
@@ -366,14 +367,13 @@ pub fn lifecycle(
                 .filter(|_| in_pass)
                 .and_then(|f| phases.backward_index_at(f))
                 .filter(|&bw| phases.backwards[bw].span.start > a);
-            Some((u as u32, in_pass, consumed_by))
+            Some((bi as u32, u as u32, in_pass, consumed_by.map(|bw| bw as u32)))
         })
         .collect();
-    for (bi, p) in placed.into_iter().enumerate() {
-        let Some((u, in_pass, consumed_by)) = p else { continue };
-        unit_of_block[bi] = u;
-        members[u as usize].push((bi, in_pass));
-        if let Some(bw) = consumed_by {
+    for (bi, u, in_pass, consumed_by) in placed {
+        unit_of_block[bi as usize] = u;
+        members[u as usize].push((bi as usize, in_pass));
+        if let Some(bw) = consumed_by.map(|bw| bw as usize) {
             let c = &mut consumer[u as usize];
             *c = Some(c.map_or(bw, |c: usize| c.min(bw)));
         }
@@ -395,7 +395,7 @@ pub fn lifecycle(
                     continue;
                 }
                 unit.pass_blocks += 1;
-                let stack = b.alloc_event().map(|a| events[a as usize].stack);
+                let stack = b.alloc_event().map(|_| b.stack);
                 checkpointed |= stack.is_some_and(|s| stacks.get(s).checkpointed);
                 // A module hook's tensors that outlive the pass are module attributes it set
                 // (pruning's `weight = weight_orig * mask`, re-made before every forward and

@@ -60,6 +60,8 @@ pub struct Context<'a> {
     pub retained_held: std::sync::OnceLock<Vec<Option<u32>>>,
     /// [`Context::state_reading`], computed on first use.
     pub(crate) state_read: std::sync::OnceLock<Option<state_only::StateReading>>,
+    /// [`Context::growing_chains`], computed on first use.
+    pub(crate) chains: std::sync::OnceLock<Vec<reference_leak::Chain>>,
 }
 
 /// A detector: reads a [`Context`], returns findings.
@@ -341,6 +343,12 @@ impl Context<'_> {
     /// Kept backward-allocated blocks, grouped by backward line, with whether they look like
     /// parameter gradients kept step after step (`looks_like_gradients`), once the
     /// current gradients are left out (`gradient_generations`).
+    /// User lines outside model calls whose re-made tensor grows, each replacing the last
+    /// ([`reference_leak::chains`]): asked by the detector and by the input-growth caveat.
+    pub(crate) fn growing_chains(&self) -> &[reference_leak::Chain] {
+        self.chains.get_or_init(|| reference_leak::chains(self))
+    }
+
     pub fn kept_backward_groups(&self) -> &[BackwardGroup] {
         self.kept_backward.get_or_init(|| self.group_kept_backward())
     }

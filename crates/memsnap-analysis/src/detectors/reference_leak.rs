@@ -325,14 +325,13 @@ impl Detector for ReferenceLeak {
             .par_iter()
             .enumerate()
             .fold(Groups::default, |mut groups, (bi, b)| {
-                if lc.unit_of(bi).is_some() {
+                if lc.unit_of(bi).is_some() || held[bi].is_some() {
                     return groups;
                 }
                 let Some(it) = cx.iteration_of(b) else { return groups };
                 let stack = cx.event_stack(b);
                 let info = cx.stacks.get(stack);
                 let key = match cx.attr(b) {
-                    _ if held[bi].is_some() => return groups,
                     Attr::Backward(line) if !gradient_lines.contains(&line) => {
                         if legitimately_kept(bi) {
                             return groups;
@@ -1212,7 +1211,8 @@ fn resumed_after_longest_pause(kept: &[usize], eligible: &[usize]) -> Option<usi
 /// said in a caveat instead ([`input_growth`]).
 fn regrown(cx: &Context, reported: &BTreeSet<Option<FrameId>>) -> Vec<Finding> {
     let mut out = Vec::new();
-    for (site, chain, eligible) in chains(cx, reported) {
+    for (site, chain, eligible) in cx.growing_chains().iter().filter(|(site, ..)| !reported.contains(&Some(*site))) {
+        let (site, chain, eligible) = (*site, chain.clone(), *eligible);
         if feeds_growing_passes(cx, &chain).is_some() {
             continue;
         }
@@ -1255,10 +1255,10 @@ pub(crate) fn input_growth(cx: &Context) -> Vec<(FrameId, [u64; 2], [u64; 2])> {
         return Vec::new();
     }
     let bs = &cx.replay.blocks;
-    chains(cx, &BTreeSet::new())
-        .into_iter()
-        .filter_map(|(site, chain, _)| {
-            let passes = feeds_growing_passes(cx, &chain)?;
+    cx.growing_chains()
+        .iter()
+        .filter_map(|&(site, ref chain, _)| {
+            let passes = feeds_growing_passes(cx, chain)?;
             let last = bs[*chain.last().unwrap()].size;
             (last >= cx.thresholds.min_suspect_bytes).then_some((site, [bs[chain[0]].size, last], passes))
         })
@@ -1292,23 +1292,40 @@ fn feeds_growing_passes(cx: &Context, chain: &[usize]) -> Option<[u64; 2]> {
     (p1.saturating_sub(p0) >= bs[last].size.saturating_sub(bs[first].size)).then_some([p0, p1])
 }
 
-/// Candidate chains (see [`regrown`]): per user line outside model calls, not in `reported`,
-/// the chain ending at its last block, when it is growth: `(line, chain, iterations the line
-/// allocated in)`.
-fn chains(cx: &Context, reported: &BTreeSet<Option<FrameId>>) -> Vec<(FrameId, Vec<usize>, usize)> {
-    let mut by: BTreeMap<FrameId, Vec<usize>> = BTreeMap::new();
-    for (bi, b) in cx.replay.blocks.iter().enumerate() {
-        let Some(a) = b.alloc_event() else { continue };
-        let info = cx.stacks.get(cx.events[a as usize].stack);
-        if !info.python || info.forward || info.optimizer || info.construction || info.recompute || info.backward_launch
-        {
-            continue;
-        }
-        let Some(site) = info.site else { continue };
-        if !reported.contains(&Some(site)) {
-            by.entry(site).or_default().push(bi);
-        }
-    }
+/// A user line's re-made, growing tensor: `(line, the chain of its blocks ending at its last
+/// one, iterations the line allocated in)` (see [`regrown`]).
+pub(crate) type Chain = (FrameId, Vec<usize>, usize);
+
+/// Candidate chains (see [`regrown`]): per user line outside model calls, the chain ending at
+/// its last block, when it is growth. Asked by [`regrown`] and by [`input_growth`]; made once per
+/// context ([`Context::growing_chains`]).
+pub(crate) fn chains(cx: &Context) -> Vec<Chain> {
+    // Each line's blocks in allocation order: gathered per thread over runs of blocks and joined
+    // in order. A block's `stack` is its allocating event's.
+    let by: FxHashMap<FrameId, Vec<usize>> = cx
+        .replay
+        .blocks
+        .par_iter()
+        .enumerate()
+        .fold(FxHashMap::default, |mut by: FxHashMap<FrameId, Vec<usize>>, (bi, b)| {
+            if b.alloc_event().is_some() {
+                let info = cx.stacks.get(b.stack);
+                let user_code = info.python
+                    && !(info.forward || info.optimizer || info.construction || info.recompute || info.backward_launch);
+                if let Some(site) = info.site.filter(|_| user_code) {
+                    by.entry(site).or_default().push(bi);
+                }
+            }
+            by
+        })
+        .reduce(FxHashMap::default, |mut earlier, later| {
+            for (site, blocks) in later {
+                earlier.entry(site).or_default().extend(blocks);
+            }
+            earlier
+        });
+    let mut by: Vec<(FrameId, Vec<usize>)> = by.into_iter().collect();
+    by.sort_unstable_by_key(|(site, _)| *site);
     let mut out = Vec::new();
     for (site, blocks) in by {
         let bs = &cx.replay.blocks;
