@@ -166,7 +166,7 @@ fn route(
     // units reserved at its start.
     let mut live: LiveUnits = units.iter().enumerate().map(|(k, u)| (u.start, u.end, k as u32)).collect();
     live.sort_unstable();
-    let chunk_len = events.len().div_ceil(rayon::current_num_threads() * ROUTE_CHUNKS_PER_THREAD).max(MIN_ROUTE_CHUNK);
+    let chunk_len = route_chunk_len(events.len(), 0);
     // Chunks: (first event, the units reserved then). A chunk boundary is skipped (its chunk
     // runs on) when its copy would take the copies past one unit per `EVENTS_PER_UNIT_COPY`
     // events: a file with as many live segments as events is routed in one chunk, not in one
@@ -312,6 +312,15 @@ const MIN_ROUTE_CHUNK: usize = 1 << 16;
 /// events (4 bytes of routing each), whatever the thread count.
 const EVENTS_PER_UNIT_COPY: usize = 4;
 
+/// Events per chunk for `events` events: [`ROUTE_CHUNKS_PER_THREAD`] chunks per thread, at least
+/// [`MIN_ROUTE_CHUNK`]; with `per_chunk_units` units to copy per chunk, chunks long enough that
+/// the copies hold at most a unit per [`EVENTS_PER_UNIT_COPY`] events.
+fn route_chunk_len(events: usize, per_chunk_units: usize) -> usize {
+    let by_threads = events.div_ceil(rayon::current_num_threads() * ROUTE_CHUNKS_PER_THREAD).max(MIN_ROUTE_CHUNK);
+    let copies = (events / EVENTS_PER_UNIT_COPY / per_chunk_units.max(1)).max(1);
+    by_threads.max(events.div_ceil(copies)).max(1)
+}
+
 /// The live unit whose range holds `addr`.
 fn find(live: &[(u64, u64, u32)], addr: u64) -> Option<usize> {
     let k = live.partition_point(|l| l.0 <= addr).checked_sub(1)?;
@@ -339,21 +348,61 @@ fn balance(units: &[Unit]) -> Vec<Vec<u32>> {
 
 /// Every block lifetime: blocks from before the trace by address, then the others in
 /// allocation order. Each unit lists its own in trace order; `owner` interleaves them.
+///
+/// Merged in ranges of events side by side, each written straight into its place: a range's
+/// place starts after the blocks allocated before it, which each unit's list tells by a binary
+/// search (its blocks are in allocation order). The ranges are bounded as the router's chunks
+/// are ([`route_chunk_len`]), so their per-unit cursors take no more memory than its copies.
 fn lifetimes(owner: &[u32], by_unit: &[&Outcome]) -> Vec<BlockLifetime> {
-    let mut next: Vec<usize> = by_unit.iter().map(|o| o.start_blocks).collect();
+    fn traced(o: &Outcome) -> &[BlockLifetime] {
+        &o.blocks[o.start_blocks..]
+    }
     let mut blocks: Vec<BlockLifetime> =
         by_unit.iter().flat_map(|o| o.blocks[..o.start_blocks].iter().copied()).collect();
     blocks.sort_unstable_by_key(|b| b.address);
-    blocks.reserve(by_unit.iter().map(|o| o.blocks.len() - o.start_blocks).sum());
-    for (i, &u) in owner.iter().enumerate() {
-        if u == NO_UNIT {
-            continue;
-        }
-        let k = &mut next[u as usize];
-        if let Some(b) = by_unit[u as usize].blocks.get(*k).filter(|b| b.alloc_event() == Some(i as u32)) {
-            blocks.push(*b);
-            *k += 1;
-        }
+    let before = blocks.len();
+    let n = owner.len();
+    let range_len = route_chunk_len(n, by_unit.len());
+    let bounds: Vec<usize> = (0..n).step_by(range_len).chain([n]).collect();
+    // Per range boundary, each unit's first block allocated at or after it.
+    let cursors: Vec<Vec<usize>> = bounds
+        .par_iter()
+        .map(|&at| {
+            by_unit
+                .iter()
+                .map(|o| traced(o).partition_point(|b| b.alloc_event().is_some_and(|a| (a as usize) < at)))
+                .collect()
+        })
+        .collect();
+    let counts: Vec<usize> =
+        cursors.windows(2).map(|w| w[1].iter().zip(&w[0]).map(|(end, start)| end - start).sum()).collect();
+    let placeholder = BlockLifetime::before_trace(0, 0, 0, memsnap_model::StackId::EMPTY, false);
+    blocks.par_extend(rayon::iter::repeat_n(placeholder, counts.iter().sum()));
+    let mut places: Vec<&mut [BlockLifetime]> = Vec::with_capacity(counts.len());
+    let mut rest = &mut blocks[before..];
+    for &count in &counts {
+        let (place, after) = std::mem::take(&mut rest).split_at_mut(count);
+        places.push(place);
+        rest = after;
     }
+    places.into_par_iter().enumerate().for_each(|(r, place)| {
+        let mut next = cursors[r].clone();
+        let mut slots = place.iter_mut();
+        for (i, &u) in owner.iter().enumerate().take(bounds[r + 1]).skip(bounds[r]) {
+            if u == NO_UNIT {
+                continue;
+            }
+            let k = &mut next[u as usize];
+            // Every block a unit made was allocated by an event routed to it, so each of the
+            // range's slots is filled.
+            if let Some(b) = traced(by_unit[u as usize]).get(*k).filter(|b| b.alloc_event() == Some(i as u32)) {
+                if let Some(slot) = slots.next() {
+                    *slot = *b;
+                }
+                *k += 1;
+            }
+        }
+        debug_assert!(slots.next().is_none(), "a range of the merge left a slot empty");
+    });
     blocks
 }

@@ -332,6 +332,41 @@ fn long_traces_route_alike_on_any_thread_count() {
 }
 
 #[test]
+fn blocks_of_two_segments_merge_in_allocation_order_across_ranges() {
+    // Block lifetimes are merged from the units' lists in ranges of events side by side (at
+    // least 65,536 events each): two segments whose blocks interleave over 360,000 events, so
+    // that every range holds blocks of both and starts partway through each list. The blocks
+    // must come out in allocation order, and alike on any thread count.
+    const CYCLES: usize = 60_000;
+    let size = 2 * MIB;
+    let (a, b) = (BASE, BASE + 32 * MIB);
+    let mut events = vec![ev(Action::SegmentAlloc, a, size), ev(Action::SegmentAlloc, b, size)];
+    for _ in 0..CYCLES {
+        events.push(ev(Action::Alloc, a, size));
+        events.push(ev(Action::Alloc, b, size));
+        events.push(ev(Action::FreeRequested, a, size));
+        events.push(ev(Action::FreeCompleted, a, size));
+        events.push(ev(Action::FreeRequested, b, size));
+        events.push(ev(Action::FreeCompleted, b, size));
+    }
+    let snapshot = no_segments_at_dump(events);
+    let on = |threads: usize| replay_on(&snapshot, threads);
+    let d = on(4);
+    let lives: Vec<_> = d.blocks.iter().map(|x| (x.address, x.alloc_event(), x.freed_at())).collect();
+    let expected: Vec<_> = (0..CYCLES as u32)
+        .flat_map(|k| {
+            let first = 2 + k * 6;
+            [(a, Some(first), Some(first + 2)), (b, Some(first + 1), Some(first + 4))]
+        })
+        .collect();
+    assert_eq!(lives.len(), expected.len());
+    assert!(lives == expected, "blocks out of allocation order");
+    for threads in [1, 2, 3] {
+        assert!(on(threads) == d, "{threads} threads replay differently from 4");
+    }
+}
+
+#[test]
 fn many_live_segments_route_alike_with_fewer_chunks() {
     // 40,000 segments reserved at once, then each used and released: a chunk boundary where tens
     // of thousands of segments are reserved is skipped when its copy of them would pass the
