@@ -723,13 +723,17 @@ fn late_periodic_and_decorated_forward_leaks_are_named_at_the_call() {
 
 /// Gradients held through passes without grad: an evaluation between epochs (p04: 3 windows in 9
 /// iterations) is called one; no-grad passes the step itself runs, once per iteration (p05: a
-/// DQN's acting forward), are said to be that (`facts.hold.every_step`).
+/// DQN's acting forward), are said to be that (`facts.hold.every_step`). As many windows as
+/// iterations, all after the last step (aa02: a CUDA-graph warm-up's no-grad passes, then a
+/// no-grad capture), are not once per step.
 #[test]
 fn gradients_held_through_no_grad_passes_say_whether_each_step_runs_them() {
-    for (prefix, every_step, words) in
-        [("p04_", false, "When evaluation began"), ("p05_", true, "When the passes without grad that each step runs")]
-    {
-        let path = fixture_with_prefix("extra8", prefix);
+    for (set, prefix, every_step, words) in [
+        ("extra8", "p04_", false, "When evaluation began"),
+        ("extra8", "p05_", true, "When the passes without grad that each step runs"),
+        ("extra30", "aa02_", false, "When evaluation began"),
+    ] {
+        let path = fixture_with_prefix(set, prefix);
         let out = analyze(&path);
         let waste = of_kind(&out, "unreleased_gradient");
         assert!(waste.len() == 1 && waste[0]["severity"] == "waste", "{prefix}:{}", describe(&out));

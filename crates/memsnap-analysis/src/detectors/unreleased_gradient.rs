@@ -106,13 +106,18 @@ fn kept_to_the_end_since(cx: &Context, kept: &BTreeSet<usize>, iterations: &BTre
     (run.len() >= cx.thresholds.min_leak_occurrences).then(|| *run.last().unwrap_or(&last))
 }
 
-/// Do the windows of passes without backward come about once per iteration (at least one per
-/// iteration but the last, with 3 iterations or more)? Then they are passes the training step
-/// itself runs without grad, not an evaluation phase between epochs.
+/// Do the windows of passes without backward come about once per iteration (one starting in
+/// every iteration but perhaps one, with 3 iterations or more)? Then they are passes the training
+/// step itself runs without grad, not an evaluation phase between epochs. Counted by where the
+/// windows start, not by how many there are: a warm-up's few no-grad passes and a no-grad graph
+/// capture after the last step are as many windows as a short run has iterations, all in its
+/// last (aa02).
 fn every_step(cx: &Context) -> bool {
     let iterations = cx.phases.iteration_count();
-    let windows = cx.phases.eval_windows.len();
-    iterations >= 3 && windows + 1 >= iterations
+    let mut with_window: Vec<usize> =
+        cx.phases.eval_windows.iter().filter_map(|w| cx.phases.iteration_of(w.start)).collect();
+    with_window.dedup();
+    iterations >= 3 && with_window.len() + 1 >= iterations
 }
 
 /// Gradients alive at the start of the evaluation window (among the first 64) where they held the
