@@ -4,16 +4,17 @@
 
 use std::path::PathBuf;
 
-use memsnap_analysis::{find_phases, moment, LiveBlock};
+use memsnap_analysis::{find_phases, moment, LiveBlock, StackTable};
+use memsnap_replay::DeviceReplay;
 use memsnap_report::text::fmt_count;
 
 use crate::exit::Exit;
 use crate::text::fmt_bytes;
 use memsnap_report::{flamegraph_svg, folded_text, live_folded, without_native_frames, FlameOptions};
 
+use crate::load::load;
 use crate::moment::At;
 use crate::output::{write_output, Content};
-use crate::pipeline::analyze_file;
 use crate::pipeline::file_name;
 
 #[derive(clap::Args)]
@@ -66,11 +67,18 @@ fn folded_output(output: &std::path::Path, folded: bool) -> anyhow::Result<bool>
 pub fn run(args: &Args) -> anyhow::Result<Exit> {
     let at = args.at;
     let folded_out = folded_output(&args.output, args.folded)?;
-    let a = analyze_file(&args.snapshot.file)?;
-    let snap = &a.loaded.snapshot;
-    let stacks = &a.analysis.stacks;
+    // The live blocks at one moment need the replay, the stack table and the device's phases,
+    // not the analysis (lifecycle, detectors), which `analyze` runs: a third of its time after
+    // the read on the 1 GB bench file.
+    let loaded = load(&args.snapshot.file)?;
+    let snap = &loaded.snapshot;
+    let phase = crate::progress::phase("replaying the allocator");
+    let (replay, stacks) = rayon::join(|| memsnap_replay::replay(snap), || StackTable::new(snap));
+    phase.finish_and_clear();
+    let stacks = &stacks;
 
-    let devices: Vec<_> = a.analysis.devices.iter().filter(|d| args.device.is_none_or(|x| x == d.device)).collect();
+    let devices: Vec<&DeviceReplay> =
+        replay.devices.iter().filter(|d| args.device.is_none_or(|x| x == d.device)).collect();
     if devices.is_empty() {
         match args.device {
             Some(d) => anyhow::bail!("{}: no device {d} in this snapshot", args.snapshot.file.display()),
@@ -83,31 +91,33 @@ pub fn run(args: &Args) -> anyhow::Result<Exit> {
     let mut blocks_n = 0usize;
     let mut whens = Vec::new();
     let annotations = snap.annotations_by_device();
-    for da in &devices {
-        let Some(d) = a.replay.device(da.device) else { continue };
-        let events = snap.trace(da.device).map_or(&[][..], |t| &t.events[..]);
-        let (blocks, when): (Vec<LiveBlock>, String) = match at {
-            At::Peak => (da.peak_blocks.clone(), "at the peak".into()),
-            At::End => (da.end_blocks.clone(), "at the end of the trace".into()),
+    for &d in &devices {
+        let events = snap.trace(d.device).map_or(&[][..], |t| &t.events[..]);
+        let annotations = annotations.get(&d.device).map_or(&[][..], |a| &a[..]);
+        let phases = find_phases(events, stacks, annotations);
+        let peak = d.peaks.allocated.event_index;
+        // The moments `analyze` shows: its peak, and its end (the last event; the peak, which is
+        // the dump, without a trace).
+        let (idx, when) = match at {
+            At::Peak => (peak, "at the peak".to_string()),
+            At::End => (events.len().checked_sub(1).or(peak), "at the end of the trace".to_string()),
             _ => {
-                let annotations = annotations.get(&da.device).map_or(&[][..], |a| &a[..]);
-                let phases = find_phases(events, stacks, annotations);
                 let idx = at
-                    .resolve(events, d.peaks.allocated.event_index, || phases.boundaries.clone())
-                    .map_err(|e| anyhow::anyhow!("device {}: {e}", da.device))?;
-                let (_, blocks) = moment(snap, stacks, &phases, d, idx.map(|i| i as u32));
+                    .resolve(events, peak, || phases.boundaries.clone())
+                    .map_err(|e| anyhow::anyhow!("device {}: {e}", d.device))?;
                 let when = match idx {
                     Some(i) => format!("after event {}", fmt_count(i as u64)),
                     None => "before the first event".into(),
                 };
-                (blocks, when)
+                (idx, when)
             }
         };
+        let (_, blocks): (_, Vec<LiveBlock>) = moment(snap, stacks, &phases, d, idx.map(|i| i as u32));
         total += blocks.iter().map(|b| b.size).sum::<u64>();
         blocks_n += blocks.len();
-        whens.push(if multi { format!("device {} {when}", da.device) } else { when });
+        whens.push(if multi { format!("device {} {when}", d.device) } else { when });
         for (path, bytes) in live_folded(snap, stacks, &blocks, !folded_out) {
-            let path = if multi { format!("[cuda:{}];{path}", da.device) } else { path };
+            let path = if multi { format!("[cuda:{}];{path}", d.device) } else { path };
             folded.push((path, bytes));
         }
     }
@@ -123,7 +133,7 @@ pub fn run(args: &Args) -> anyhow::Result<Exit> {
     let (text, content) = if folded_out {
         (folded_text(&folded), Content::Text)
     } else {
-        let name = file_name(&a.loaded.path);
+        let name = file_name(&loaded.path);
         let dev = if multi { "all devices".to_string() } else { format!("device {}", devices[0].device) };
         let svg = flamegraph_svg(
             &folded,
@@ -145,6 +155,6 @@ pub fn run(args: &Args) -> anyhow::Result<Exit> {
     };
     write_output(&args.output, &text, content)?;
     drop(devices);
-    crate::emit::leave(a);
+    crate::emit::leave((replay, loaded));
     Ok(Exit::SUCCESS)
 }
