@@ -344,7 +344,9 @@ impl Context<'_> {
     /// parameter gradients kept step after step (`looks_like_gradients`), once the
     /// current gradients are left out (`gradient_generations`).
     /// User lines outside model calls whose re-made tensor grows, each replacing the last
-    /// ([`reference_leak::chains`]): asked by the detector and by the input-growth caveat.
+    /// ([`reference_leak::chains`]): asked by the detector and by the input-growth caveat. Like
+    /// the other lazily made facts here, made on one thread (rayon inside a `OnceLock`'s
+    /// initialization could run another job that waits on the same lock).
     pub(crate) fn growing_chains(&self) -> &[reference_leak::Chain] {
         self.chains.get_or_init(|| reference_leak::chains(self))
     }

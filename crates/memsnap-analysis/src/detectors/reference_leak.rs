@@ -1300,32 +1300,22 @@ pub(crate) type Chain = (FrameId, Vec<usize>, usize);
 /// its last block, when it is growth. Asked by [`regrown`] and by [`input_growth`]; made once per
 /// context ([`Context::growing_chains`]).
 pub(crate) fn chains(cx: &Context) -> Vec<Chain> {
-    // Each line's blocks in allocation order: gathered per thread over runs of blocks and joined
-    // in order. A block's `stack` is its allocating event's.
-    let by: FxHashMap<FrameId, Vec<usize>> = cx
-        .replay
-        .blocks
-        .par_iter()
-        .enumerate()
-        .fold(FxHashMap::default, |mut by: FxHashMap<FrameId, Vec<usize>>, (bi, b)| {
-            if b.alloc_event().is_some() {
-                let info = cx.stacks.get(b.stack);
-                let user_code = info.python
-                    && !(info.forward || info.optimizer || info.construction || info.recompute || info.backward_launch);
-                if let Some(site) = info.site.filter(|_| user_code) {
-                    by.entry(site).or_default().push(bi);
-                }
-            }
-            by
-        })
-        .reduce(FxHashMap::default, |mut earlier, later| {
-            for (site, blocks) in later {
-                earlier.entry(site).or_default().extend(blocks);
-            }
-            earlier
-        });
-    let mut by: Vec<(FrameId, Vec<usize>)> = by.into_iter().collect();
-    by.sort_unstable_by_key(|(site, _)| *site);
+    // Each line's blocks, in allocation order. One thread: this runs inside a `OnceLock`'s
+    // initialization, where a thread waiting on rayon's jobs could pick up one that asks for the
+    // same lock.
+    let mut by: BTreeMap<FrameId, Vec<usize>> = BTreeMap::new();
+    for (bi, b) in cx.replay.blocks.iter().enumerate() {
+        if b.alloc_event().is_none() {
+            continue;
+        }
+        // A block's `stack` is its allocating event's (the replay copies it).
+        let info = cx.stacks.get(b.stack);
+        let user_code = info.python
+            && !(info.forward || info.optimizer || info.construction || info.recompute || info.backward_launch);
+        if let Some(site) = info.site.filter(|_| user_code) {
+            by.entry(site).or_default().push(bi);
+        }
+    }
     let mut out = Vec::new();
     for (site, blocks) in by {
         let bs = &cx.replay.blocks;
