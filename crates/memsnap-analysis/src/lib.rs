@@ -358,18 +358,25 @@ fn analyze_device(
     let facts = trace.map(|tr| tr.facts()).unwrap_or_default();
     let peak_t = d.peaks.allocated.event_index.map(|i| i as u32);
     let end_t = if events.is_empty() { None } else { Some(events.len() as u32 - 1) };
-    // The two moments and the lifecycle read the replay and the phases only: side by side.
-    let (((peak, peak_blocks), (end, end_blocks)), lifecycle) = rayon::join(
+    // The two moments, the parameters' sizes and the lifecycle read the replay and the phases
+    // only: side by side (the lifecycle takes longest; the others, a pass over the events
+    // among them, fit beside it).
+    let ((((peak, peak_blocks), (end, end_blocks)), param_sizes), lifecycle) = rayon::join(
         || {
-            if events.is_empty() {
-                let (peak, peak_blocks) = moment_with(snap, stacks, &phases, d, peak_t, &notes, dump_stacks);
-                ((peak.clone(), peak_blocks.clone()), (peak, peak_blocks))
-            } else {
-                rayon::join(
-                    || moment_with(snap, stacks, &phases, d, peak_t, &notes, dump_stacks),
-                    || moment_with(snap, stacks, &phases, d, end_t, &notes, dump_stacks),
-                )
-            }
+            rayon::join(
+                || {
+                    if events.is_empty() {
+                        let (peak, peak_blocks) = moment_with(snap, stacks, &phases, d, peak_t, &notes, dump_stacks);
+                        ((peak.clone(), peak_blocks.clone()), (peak, peak_blocks))
+                    } else {
+                        rayon::join(
+                            || moment_with(snap, stacks, &phases, d, peak_t, &notes, dump_stacks),
+                            || moment_with(snap, stacks, &phases, d, end_t, &notes, dump_stacks),
+                        )
+                    }
+                },
+                || detectors::parameter_sizes(stacks, &phases, d, events),
+            )
         },
         || lifecycle::lifecycle(events, stacks, &phases, d, thresholds),
     );
@@ -437,7 +444,7 @@ fn analyze_device(
         thresholds,
         totals: dump.totals,
         end: &end,
-        param_sizes: detectors::parameter_sizes(stacks, &phases, d, events),
+        param_sizes,
         traced: peak_known,
         dump_stacks,
         kept_backward: Default::default(),
