@@ -166,26 +166,36 @@ impl Lifecycle {
     /// the call. A pass whose model call line has no user caller of its own (the model run by
     /// the loop itself) is a call of its own, so ordinary loops keep one call per pass.
     pub fn call_groups(&self, events: &[TraceEvent], stacks: &StackTable) -> Vec<usize> {
-        let mut out = Vec::with_capacity(self.units.len());
+        let caller = |u: &Unit| stacks.get(events[u.pass_span.start as usize].stack).forward_caller;
+        // Whether each unit continues the call of the one before: decided for every unit on its
+        // own (in parallel: each looks at the allocations between two passes), then numbered.
+        let continues: Vec<bool> = self
+            .units
+            .par_iter()
+            .enumerate()
+            .map(|(k, u)| {
+                let Some(p) = k.checked_sub(1).map(|p| &self.units[p]) else { return false };
+                match (caller(p), caller(u)) {
+                    (Some(pc), Some(c)) if pc == c && p.call_site == u.call_site => events
+                        [p.pass_span.end as usize..u.pass_span.start as usize]
+                        .iter()
+                        .filter(|e| e.action() == Action::Alloc && !stacks.userless(e.stack))
+                        .all(|e| stacks.contains(e.stack, c)),
+                    _ => false,
+                }
+            })
+            .collect();
         let mut group = 0usize;
-        let mut prev: Option<(&Unit, Option<FrameId>)> = None;
-        for u in &self.units {
-            let caller = stacks.get(events[u.pass_span.start as usize].stack).forward_caller;
-            let same = match (prev, caller) {
-                (Some((p, Some(pc))), Some(c)) if pc == c && p.call_site == u.call_site => events
-                    [p.pass_span.end as usize..u.pass_span.start as usize]
-                    .iter()
-                    .filter(|e| e.action() == Action::Alloc && !stacks.userless(e.stack))
-                    .all(|e| stacks.contains(e.stack, c)),
-                _ => false,
-            };
-            if !same && prev.is_some() {
-                group += 1;
-            }
-            out.push(group);
-            prev = Some((u, caller));
-        }
-        out
+        continues
+            .iter()
+            .enumerate()
+            .map(|(k, &same)| {
+                if !same && k > 0 {
+                    group += 1;
+                }
+                group
+            })
+            .collect()
     }
 }
 
