@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use memsnap_analysis::{find_phases, moment, LiveBlock, StackTable};
+use memsnap_analysis::{find_phases, LiveBlock, Moments, StackTable};
 use memsnap_replay::DeviceReplay;
 use memsnap_report::text::fmt_count;
 
@@ -91,6 +91,7 @@ pub fn run(args: &Args) -> anyhow::Result<Exit> {
     let mut blocks_n = 0usize;
     let mut whens = Vec::new();
     let annotations = snap.annotations_by_device();
+    let moments = Moments::new(snap, stacks);
     for &d in &devices {
         let events = snap.trace(d.device).map_or(&[][..], |t| &t.events[..]);
         let annotations = annotations.get(&d.device).map_or(&[][..], |a| &a[..]);
@@ -112,7 +113,7 @@ pub fn run(args: &Args) -> anyhow::Result<Exit> {
                 (idx, when)
             }
         };
-        let (_, blocks): (_, Vec<LiveBlock>) = moment(snap, stacks, &phases, d, idx.map(|i| i as u32));
+        let (_, blocks): (_, Vec<LiveBlock>) = moments.at(&phases, d, idx.map(|i| i as u32));
         total += blocks.iter().map(|b| b.size).sum::<u64>();
         blocks_n += blocks.len();
         whens.push(if multi { format!("device {} {when}", d.device) } else { when });

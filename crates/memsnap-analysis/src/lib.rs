@@ -265,16 +265,27 @@ fn live_at(d: &DeviceReplay, t: Option<u32>) -> impl Iterator<Item = &memsnap_re
     d.blocks.iter().filter(move |b| b.state_after(t) == Some(BlockState::Allocated))
 }
 
-/// The moment after event `t`: bytes by site and category.
-pub fn moment(
-    snap: &Snapshot,
-    stacks: &StackTable,
-    phases: &Phases,
-    d: &DeviceReplay,
-    t: Option<u32>,
-) -> (Moment, Vec<LiveBlock>) {
-    let events = snap.trace(d.device).map_or(&[][..], |tr| &tr.events[..]);
-    moment_with(snap, stacks, phases, d, t, &Annotations::of(snap, events), &dump_stacks(snap, stacks))
+/// Live memory at chosen moments of a snapshot's devices, without the analysis (what a
+/// flamegraph needs). The dump's stacks ([`dump_stacks`]) are gathered once for the snapshot, so
+/// that a file of many devices costs one pass over its segments, not one per device.
+pub struct Moments<'a> {
+    snap: &'a Snapshot,
+    stacks: &'a StackTable,
+    dump_stacks: rustc_hash::FxHashMap<(u32, u64), StackId>,
+}
+
+impl<'a> Moments<'a> {
+    pub fn new(snap: &'a Snapshot, stacks: &'a StackTable) -> Moments<'a> {
+        Moments { snap, stacks, dump_stacks: dump_stacks(snap, stacks) }
+    }
+
+    /// The moment after event `t` of device `d` (`None`: before the first event): bytes by site
+    /// and category, and the live blocks; as the analysis finds them at its peak and end.
+    pub fn at(&self, phases: &Phases, d: &DeviceReplay, t: Option<u32>) -> (Moment, Vec<LiveBlock>) {
+        let events = self.snap.trace(d.device).map_or(&[][..], |tr| &tr.events[..]);
+        let annotations = Annotations::of(self.snap, events);
+        moment_with(self.snap, self.stacks, phases, d, t, &annotations, &self.dump_stacks)
+    }
 }
 
 /// [`moment`] with the device's annotations already gathered.
