@@ -266,7 +266,7 @@ fn live_at(d: &DeviceReplay, t: Option<u32>) -> impl Iterator<Item = &memsnap_re
 }
 
 /// Live memory at chosen moments of a snapshot's devices, without the analysis (what a
-/// flamegraph needs). The dump's stacks ([`dump_stacks`]) are gathered once for the snapshot, so
+/// flamegraph needs). The dump's stacks (`dump_stacks`) are gathered once for the snapshot, so
 /// that a file of many devices costs one pass over its segments, not one per device.
 pub struct Moments<'a> {
     snap: &'a Snapshot,
@@ -288,7 +288,8 @@ impl<'a> Moments<'a> {
     }
 }
 
-/// [`moment`] with the device's annotations already gathered.
+/// The moment after event `t` ([`Moments::at`]), with the device's annotations and the dump's
+/// stacks already gathered.
 fn moment_with(
     snap: &Snapshot,
     stacks: &StackTable,
@@ -372,23 +373,18 @@ fn analyze_device(
     // The two moments, the parameters' sizes and the lifecycle read the replay and the phases
     // only: side by side (the lifecycle takes longest; the others, a pass over the events
     // among them, fit beside it).
+    let at = |t: Option<u32>| moment_with(snap, stacks, &phases, d, t, &notes, dump_stacks);
+    // Without a trace the peak is the dump, and so is the end.
+    let peak_and_end = || {
+        if events.is_empty() {
+            let (peak, peak_blocks) = at(peak_t);
+            ((peak.clone(), peak_blocks.clone()), (peak, peak_blocks))
+        } else {
+            rayon::join(|| at(peak_t), || at(end_t))
+        }
+    };
     let ((((peak, peak_blocks), (end, end_blocks)), param_sizes), lifecycle) = rayon::join(
-        || {
-            rayon::join(
-                || {
-                    if events.is_empty() {
-                        let (peak, peak_blocks) = moment_with(snap, stacks, &phases, d, peak_t, &notes, dump_stacks);
-                        ((peak.clone(), peak_blocks.clone()), (peak, peak_blocks))
-                    } else {
-                        rayon::join(
-                            || moment_with(snap, stacks, &phases, d, peak_t, &notes, dump_stacks),
-                            || moment_with(snap, stacks, &phases, d, end_t, &notes, dump_stacks),
-                        )
-                    }
-                },
-                || detectors::parameter_sizes(stacks, &phases, d, events),
-            )
-        },
+        || rayon::join(peak_and_end, || detectors::parameter_sizes(stacks, &phases, d, events)),
         || lifecycle::lifecycle(events, stacks, &phases, d, thresholds),
     );
     let mut caveats = Vec::new();

@@ -281,8 +281,7 @@ pub fn lifecycle(
     let private = private_pool_blocks(d);
     // How often each (stack, size) pair was allocated, and the first allocation of each stack
     // (lazily made state comes the first time its line runs): one pass, counted per thread and
-    // joined, as there are millions of blocks but few stacks. A block's `stack` is its
-    // allocating event's (the replay copies it), read here without a look into the events.
+    // joined, as there are millions of blocks but few stacks.
     type Counts = FxHashMap<(memsnap_model::StackId, u64), u32>;
     type Firsts = FxHashMap<memsnap_model::StackId, u32>;
     let (recurrence, first_alloc): (Counts, Firsts) = d

@@ -110,7 +110,9 @@ pub struct BlockLifetime {
     /// Block size: the rounded request, or the whole cached block when it was not split.
     pub size: u64,
     pub requested_size: u64,
-    /// Allocation stack; empty for blocks allocated before the trace unless still alive at dump.
+    /// Allocation stack: for a block allocated in the trace, its `alloc` event's (so a pass over
+    /// blocks need not look into the events for it); empty for blocks allocated before the trace
+    /// unless still alive at dump.
     pub stack: StackId,
     alloc_event: u32,
     free_requested_event: u32,

@@ -340,9 +340,6 @@ impl Context<'_> {
         self.state_read.get_or_init(|| state_only::read(self)).as_ref()
     }
 
-    /// Kept backward-allocated blocks, grouped by backward line, with whether they look like
-    /// parameter gradients kept step after step (`looks_like_gradients`), once the
-    /// current gradients are left out (`gradient_generations`).
     /// User lines outside model calls whose re-made tensor grows, each replacing the last
     /// ([`reference_leak::chains`]): asked by the detector and by the input-growth caveat. Like
     /// the other lazily made facts here, made on one thread (rayon inside a `OnceLock`'s
@@ -351,6 +348,9 @@ impl Context<'_> {
         self.chains.get_or_init(|| reference_leak::chains(self))
     }
 
+    /// Kept backward-allocated blocks, grouped by backward line, with whether they look like
+    /// parameter gradients kept step after step (`looks_like_gradients`), once the
+    /// current gradients are left out (`gradient_generations`).
     pub fn kept_backward_groups(&self) -> &[BackwardGroup] {
         self.kept_backward.get_or_init(|| self.group_kept_backward())
     }

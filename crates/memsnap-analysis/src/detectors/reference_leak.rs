@@ -1308,7 +1308,6 @@ pub(crate) fn chains(cx: &Context) -> Vec<Chain> {
         if b.alloc_event().is_none() {
             continue;
         }
-        // A block's `stack` is its allocating event's (the replay copies it).
         let info = cx.stacks.get(b.stack);
         let user_code = info.python
             && !(info.forward || info.optimizer || info.construction || info.recompute || info.backward_launch);
