@@ -480,3 +480,16 @@ fn alarms_under_settings(test: &str, settings: &[&str], known: &[(&str, &str, &s
     let gone: Vec<_> = known.difference(&seen).collect();
     assert!(new.is_empty() && gone.is_empty(), "false alarms changed: new {new:?}, gone {gone:?}\n{}", rows.join("\n"));
 }
+
+/// The same, for every fixture recorded as `_record_memory_history(context="alloc")` would have
+/// recorded it: each free carries the stack of the allocation it ends, not where the program
+/// let the tensor go (`phases::free_stacks_are_alloc_stacks`), so no free says where the program
+/// is. Two readings rest on this: a backward window closed by the program's own next
+/// allocation holds the program's frees too, which must not count as the backward freeing a
+/// pass (z01's `retain_graph=True` read as freeing its passes, a reference_leak), and the frees
+/// of blocks made before recording began carry no stack at all, which is then a free stack like
+/// any other (s33's interning pool read as growing). None is known to misread.
+#[test]
+fn scorecard_with_allocation_stacks_on_frees() {
+    alarms_under_settings("scorecard_with_allocation_stacks_on_frees", &["context-alloc"], &[]);
+}

@@ -342,6 +342,30 @@ pub fn lifecycle(
             a.extend(b);
             a
         });
+    // Where each backward's own frees may end. Under `context="alloc"` a free carries its
+    // block's allocation stack, not where it was freed, so no free closes a backward window: the
+    // next Python-framed allocation does. When that allocation is the user's own code (the
+    // program went on: the next step's batch, an optimizer step), the frees after the backward's
+    // last allocation may be the program's as much as the backward's: `zero_grad`, names
+    // rebound as the next step begins (with a fused optimizer that allocates nothing, nothing
+    // else comes between). Autograd frees a node's saved tensors right after the node runs,
+    // between the gradients it allocates, so a backward that frees what a pass saved does so
+    // before its last allocation (bar the last node's); counting the later frees would read a
+    // `retain_graph=True` backward as one that freed the pass (z01 recorded with
+    // `context="alloc"`). A window closed by library code without a user frame (FSDP's hooks,
+    // which the engine runs inside the backward) keeps its frees: the backward is still running.
+    let backward_frees_end: Vec<u32> = phases
+        .backwards
+        .iter()
+        .map(|bw| {
+            let closer = events.get(bw.span.end as usize).map(|e| stacks.get(e.stack));
+            if !phases.free_stacks_from_alloc || closer.is_some_and(|c| c.site.is_none()) {
+                return bw.span.end;
+            }
+            let span = &events[bw.span.start as usize..bw.span.end as usize];
+            span.iter().rposition(|e| e.action() == Action::Alloc).map_or(bw.span.end, |k| bw.span.start + k as u32)
+        })
+        .collect();
     let mut unit_of_block = vec![u32::MAX; d.blocks.len()];
     let mut members: Vec<Vec<(usize, bool)>> = vec![Vec::new(); units.len()];
     let mut consumer: Vec<Option<usize>> = vec![None; units.len()];
@@ -371,11 +395,10 @@ pub fn lifecycle(
             // Only the module calls' own blocks tell which backward ran through the pass: code
             // after a pass may already be making the next pass's inputs, which that pass's
             // backward frees.
-            let consumed_by = b
-                .freed_at()
-                .filter(|_| in_pass)
-                .and_then(|f| phases.backward_index_at(f))
-                .filter(|&bw| phases.backwards[bw].span.start > a);
+            let consumed_by = b.freed_at().filter(|_| in_pass).and_then(|f| {
+                let bw = phases.backward_index_at(f)?;
+                (phases.backwards[bw].span.start > a && f < backward_frees_end[bw]).then_some(bw)
+            });
             Some((bi as u32, u as u32, in_pass, consumed_by.map(|bw| bw as u32)))
         })
         .collect();
