@@ -866,7 +866,11 @@ fn replaced_blocks(cx: &Context, g: &Group, start: &impl Fn(usize) -> Option<u32
 /// stack that made it, and the same test asks that no other block of those sizes made in the
 /// trace die with that stack. A block made before recording began has no allocation context,
 /// so its free carries no stack (the empty one), shared only with the blocks made in the trace
-/// without frames (the autograd engine's): the empty stack is then a stack like any other.
+/// without frames (the autograd engine's): the empty stack is then a stack like any other. A
+/// block made while recording, whose allocation a ring that wrapped dropped, is let go with the
+/// stack that made it, which names the line: such a block counts when that line is one of the
+/// group's (every block of the group's line dies with its stack, so the test of other blocks
+/// dying with it would reject all; s33's and i07's stores cut to their last half).
 /// Measured on every fixture cut to its last 70, 50, 35, 20 and 10% of trace entries (a ring
 /// that wrapped): clean programs read as leaking went from 5, 10 (at 50, 20%) to 0, 1.
 fn let_go_from_before_the_trace(cx: &Context, g: &Group, start: &impl Fn(usize) -> Option<u32>) -> Vec<usize> {
@@ -901,7 +905,15 @@ fn let_go_from_before_the_trace(cx: &Context, g: &Group, start: &impl Fn(usize) 
         .filter(|&(bi, b)| b.alloc_event().is_some() && !own.contains(&bi) && sizes.contains(&b.size))
         .filter_map(|(_, b)| free_stack(b).filter(|s| stacks.contains(s)))
         .collect();
-    let let_go: Vec<usize> = candidates.into_iter().filter(|(_, s)| !shared.contains(s)).map(|(bi, _)| bi).collect();
+    // The group's own lines, for frees that carry their block's allocation stack.
+    let own_sites: FxHashSet<FrameId> = if cx.phases.free_stacks_from_alloc {
+        g.blocks.iter().chain(&g.evicted_blocks).filter_map(|&bi| cx.stacks.get(blocks[bi].stack).site).collect()
+    } else {
+        FxHashSet::default()
+    };
+    let made_by_group = |s: StackId| cx.stacks.get(s).site.is_some_and(|site| own_sites.contains(&site));
+    let let_go: Vec<usize> =
+        candidates.into_iter().filter(|&(_, s)| !shared.contains(&s) || made_by_group(s)).map(|(bi, _)| bi).collect();
     // Between which of the group's occurrence starts they were let go (a line outside the
     // passes runs before the pass it is counted with, so before its start).
     let starts: Vec<u32> = g.eligible.iter().filter_map(|&k| start(k)).collect();
@@ -1062,12 +1074,27 @@ fn made_before_trace(cx: &Context, line: FrameId, origin: LeakOrigin, kept: &[us
 /// chance (t03 cut to its last fifth keeps a 4 MiB gradient mask per step, the size of its
 /// widest weight's gradient, which `zero_grad` and the backward's hooks let go; it was held
 /// back). A leak whose kept tensors are made inside a pass that began before the trace is still
-/// held back when too few occurrences are in the trace (s45, `fixtures/limits`).
+/// held back when too few occurrences are in the trace (s45, `fixtures/limits`). Under
+/// `context="alloc"` (`phases::free_stacks_are_alloc_stacks`) no free says where the program is,
+/// so the windows of backward passes and optimizer steps stretch over the program's frees that
+/// follow them; but each free carries the stack that made its block, so a block the kept
+/// tensors' own line made counts wherever it was let go (s33 cut to its last half: its pool's
+/// evictions fell in the backward windows).
 fn let_go_since(cx: &Context, kept: &[usize], from: u32) -> bool {
     let Some(sizes) = size_range(cx, kept) else { return false };
     let by_program = |f: u32| cx.phases.backward_at(f).is_none() && !cx.phases.in_optimizer(f);
+    let kept_sites: FxHashSet<FrameId> = if cx.phases.free_stacks_from_alloc {
+        kept.iter().filter_map(|&bi| cx.stacks.get(cx.replay.blocks[bi].stack).site).collect()
+    } else {
+        FxHashSet::default()
+    };
+    let made_by_kept_line = |f: u32| {
+        cx.events.get(f as usize).and_then(|e| cx.stacks.get(e.stack).site).is_some_and(|s| kept_sites.contains(&s))
+    };
     cx.replay.blocks.iter().any(|b| {
-        b.alloc_event().is_none() && sizes.contains(&b.size) && b.freed_at().is_some_and(|f| f >= from && by_program(f))
+        b.alloc_event().is_none()
+            && sizes.contains(&b.size)
+            && b.freed_at().is_some_and(|f| f >= from && (by_program(f) || made_by_kept_line(f)))
     })
 }
 
