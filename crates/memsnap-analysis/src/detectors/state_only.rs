@@ -523,6 +523,16 @@ fn group_stack(cx: &Context, kept: &[(usize, StackId)]) -> StackId {
 /// a line's repetition (z25: 40 MiB of the GRU's state beside eight 512-byte losses kept
 /// detached).
 ///
+/// Made before the trace, all of them: a stack whose live blocks were all made before the
+/// trace's first event kept nothing over its iterations (at least `min_leak_occurrences` of
+/// them), however many it holds: what a path keeps again and again, it keeps in such a trace
+/// too. A first call's state made before the window of a ring that wrapped, or before recording
+/// began (z25's GRU state beside its kept losses, cut to its last half), is not growth: the
+/// trace's blocks are the evidence of keeping, and those made before it count only beside them,
+/// as with stacks on the trace's events (`made_before_trace`). A trace of fewer iterations
+/// (shorter than one: aa05 cut to its last fifth holds no forward pass; or none found: p03's
+/// decoding) may not have run the path at all, and its blocks stay.
+///
 /// Repeated: a path that kept what it made in at least `min_leak_occurrences` iterations, in at
 /// least `share` (`leak_occurrence_share`, or for construction `unevicted_leak_share`: see
 /// [`state_groups`]) of those from the first it kept in to the end of the trace, and
@@ -550,7 +560,7 @@ fn sift_by_iteration(cx: &Context, mut blocks: Vec<(usize, StackId)>, share: f64
         made_in.insert(iteration);
     }
     let made_once = |(n, made_in): &(usize, BTreeSet<Option<usize>>)| {
-        *n < occurrences && made_in.len() == 1 && !made_in.contains(&None)
+        *n < occurrences && made_in.len() == 1 && !made_in.contains(&None) || made_in.iter().all(Option::is_none)
     };
     blocks.retain(|(_, stack)| !made_once(&per_stack[stack]));
     let last = bounds.len();
