@@ -1,6 +1,8 @@
 //! Who allocated a block: the user's line, or the `.backward()` line for frameless backward
 //! allocations, and which category of memory it is.
 
+use std::collections::BTreeSet;
+
 use memsnap_model::{FrameId, Snapshot, StackId, TraceEvent};
 use memsnap_replay::BlockLifetime;
 
@@ -28,13 +30,15 @@ pub enum Attr {
 pub enum Category {
     /// Alive before the trace (parameters, buffers, optimizer state of earlier steps).
     PreTrace,
+    /// Made by a backward pass, outliving it, of a parameter's size.
     Gradients,
     OptimizerState,
     Activations,
     /// Short-lived allocations outside forward passes: backward scratch freed within its backward
     /// pass, optimizer-step scratch, and other tensors freed in the iteration that made them.
     Temporaries,
-    /// Long-lived allocations outside those phases: never freed, or freed in a later iteration.
+    /// Long-lived allocations outside those phases: never freed, or freed in a later iteration;
+    /// and what a backward pass made and kept of no parameter's size (a library's workspace).
     Other,
 }
 
@@ -165,10 +169,12 @@ pub fn attribute(events: &[TraceEvent], phases: &Phases, stacks: &StackTable, b:
 
 /// The category of block `b`, attributed `attr`: what kind of memory it is, from the phase it
 /// was allocated in and how long it lived (it does not depend on the moment it is looked at).
+/// `gradient_sizes`: the sizes a gradient may have ([`gradient_sizes`]).
 pub fn categorize(
     events: &[TraceEvent],
     phases: &Phases,
     stacks: &StackTable,
+    gradient_sizes: &BTreeSet<u64>,
     b: &BlockLifetime,
     attr: Attr,
 ) -> Category {
@@ -176,12 +182,19 @@ pub fn categorize(
     let freed = b.freed_at();
     match attr {
         Attr::Backward(_) => {
-            // Outliving its backward pass is what a gradient does; the rest is scratch.
+            // Outliving its backward pass is what a gradient does; the rest is scratch. A
+            // gradient has its parameter's size: a block the backward made and kept of no
+            // parameter's size is a library's state, such as the cuBLAS workspace the engine's
+            // thread makes at its first matmul (32 MiB on an H100) and keeps, which after
+            // `zero_grad(set_to_none=True)` read as 32 MiB of gradients. With no parameter size
+            // known, every such block counts.
             let end = phases.backward_at(a).map_or(a + 1, |bw| bw.span.end);
-            if freed.is_none_or(|f| f >= end) {
+            if freed.is_some_and(|f| f < end) {
+                Category::Temporaries
+            } else if gradient_sizes.is_empty() || gradient_sizes.contains(&b.size) {
                 Category::Gradients
             } else {
-                Category::Temporaries
+                Category::Other
             }
         }
         _ => {
@@ -218,6 +231,18 @@ pub fn categorize(
             }
         }
     }
+}
+
+/// The sizes a gradient may have: the parameters' sizes (`param_sizes`, from the blocks alive
+/// from before the first backward: `parameter_sizes`), and those of every block that model
+/// construction made in the trace (`StackInfo::construction`: a model built or copied later, as
+/// a sweep builds one per run, whose parameters were not yet made at the first backward).
+pub fn gradient_sizes(stacks: &StackTable, blocks: &[BlockLifetime], param_sizes: &BTreeSet<u64>) -> BTreeSet<u64> {
+    let mut sizes = param_sizes.clone();
+    sizes.extend(
+        blocks.iter().filter(|b| b.alloc_event().is_some() && stacks.get(b.stack).construction).map(|b| b.size),
+    );
+    sizes
 }
 
 /// A readable label for an attribution.

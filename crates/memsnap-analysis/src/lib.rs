@@ -22,13 +22,13 @@ mod site;
 mod stacks;
 mod thresholds;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use memsnap_model::{BlockState, Snapshot, StackId};
 use memsnap_replay::{DeviceReplay, Replay};
 use rayon::prelude::*;
 
-pub use attribution::{alloc_phase, attr_label, attribute, categorize, AllocPhase, Attr, Category};
+pub use attribution::{alloc_phase, attr_label, attribute, categorize, gradient_sizes, AllocPhase, Attr, Category};
 pub use cache::{allocator_cache, cache_at_dump, AllocatorCache, ReservedGrowth, SegmentMade};
 pub use detectors::{Context, Detector, Finding, REGISTRY};
 pub use evidence::{
@@ -107,6 +107,9 @@ pub struct DeviceAnalysis {
     /// The phases found in the trace, which `phases` summarises: for callers that attribute
     /// blocks again (reports, other moments) without finding them anew.
     pub trace_phases: Phases,
+    /// The sizes a gradient may have ([`gradient_sizes`]), for callers that categorize blocks
+    /// again ([`categorize`]).
+    pub gradient_sizes: BTreeSet<u64>,
     pub caveats: Vec<String>,
     /// Live blocks at the peak, attributed (for flamegraphs and the report).
     pub peak_blocks: Vec<LiveBlock>,
@@ -284,16 +287,20 @@ impl<'a> Moments<'a> {
     pub fn at(&self, phases: &Phases, d: &DeviceReplay, t: Option<u32>) -> (Moment, Vec<LiveBlock>) {
         let events = self.snap.trace(d.device).map_or(&[][..], |tr| &tr.events[..]);
         let annotations = Annotations::of(self.snap, events);
-        moment_with(self.snap, self.stacks, phases, d, t, &annotations, &self.dump_stacks)
+        let param_sizes = detectors::parameter_sizes(self.stacks, phases, d, events);
+        let grad_sizes = gradient_sizes(self.stacks, &d.blocks, &param_sizes);
+        moment_with(self.snap, self.stacks, phases, &grad_sizes, d, t, &annotations, &self.dump_stacks)
     }
 }
 
 /// The moment after event `t` ([`Moments::at`]), with the device's annotations and the dump's
 /// stacks already gathered.
+#[allow(clippy::too_many_arguments)]
 fn moment_with(
     snap: &Snapshot,
     stacks: &StackTable,
     phases: &Phases,
+    gradient_sizes: &BTreeSet<u64>,
     d: &DeviceReplay,
     t: Option<u32>,
     annotations: &Annotations,
@@ -313,7 +320,7 @@ fn moment_with(
         let e = by_attr.entry(attr).or_default();
         e.0 += b.size;
         e.1 += 1;
-        *by_cat.entry(categorize(events, phases, stacks, b, attr)).or_default() += b.size;
+        *by_cat.entry(categorize(events, phases, stacks, gradient_sizes, b, attr)).or_default() += b.size;
         *by_phase.entry(alloc_phase(events, phases, stacks, b, attr)).or_default() += b.size;
         live.push(LiveBlock { address: b.address, size: b.size, attr, stack });
     }
@@ -370,21 +377,27 @@ fn analyze_device(
     let facts = trace.map(|tr| tr.facts()).unwrap_or_default();
     let peak_t = d.peaks.allocated.event_index.map(|i| i as u32);
     let end_t = if events.is_empty() { None } else { Some(events.len() as u32 - 1) };
-    // The two moments, the parameters' sizes and the lifecycle read the replay and the phases
-    // only: side by side (the lifecycle takes longest; the others, a pass over the events
-    // among them, fit beside it).
-    let at = |t: Option<u32>| moment_with(snap, stacks, &phases, d, t, &notes, dump_stacks);
+    // The parameters' sizes, then the two moments (which categorize by the sizes a gradient
+    // may have), beside the lifecycle: all read the replay and the phases only (the lifecycle
+    // takes longest; the others, a pass over the events among them, fit beside it).
+    let at = |grad_sizes: &BTreeSet<u64>, t: Option<u32>| {
+        moment_with(snap, stacks, &phases, grad_sizes, d, t, &notes, dump_stacks)
+    };
     // Without a trace the peak is the dump, and so is the end.
-    let peak_and_end = || {
+    let peak_and_end = |grad_sizes: &BTreeSet<u64>| {
         if events.is_empty() {
-            let (peak, peak_blocks) = at(peak_t);
+            let (peak, peak_blocks) = at(grad_sizes, peak_t);
             ((peak.clone(), peak_blocks.clone()), (peak, peak_blocks))
         } else {
-            rayon::join(|| at(peak_t), || at(end_t))
+            rayon::join(|| at(grad_sizes, peak_t), || at(grad_sizes, end_t))
         }
     };
-    let ((((peak, peak_blocks), (end, end_blocks)), param_sizes), lifecycle) = rayon::join(
-        || rayon::join(peak_and_end, || detectors::parameter_sizes(stacks, &phases, d, events)),
+    let ((((peak, peak_blocks), (end, end_blocks)), (param_sizes, gradient_sizes)), lifecycle) = rayon::join(
+        || {
+            let param_sizes = detectors::parameter_sizes(stacks, &phases, d, events);
+            let grad_sizes = gradient_sizes(stacks, &d.blocks, &param_sizes);
+            (peak_and_end(&grad_sizes), (param_sizes, grad_sizes))
+        },
         || lifecycle::lifecycle(events, stacks, &phases, d, thresholds),
     );
     let mut caveats = Vec::new();
@@ -546,6 +559,7 @@ fn analyze_device(
         end,
         phases: phase_summary,
         trace_phases: phases,
+        gradient_sizes,
         caveats,
         peak_blocks,
         end_blocks,

@@ -350,7 +350,7 @@ fn device(
         .map(|&i| {
             let b = &d.blocks[i];
             let (attr, stack) = attribute(events, phases, stacks, b);
-            let cat = categorize(events, phases, stacks, b, attr);
+            let cat = categorize(events, phases, stacks, &da.gradient_sizes, b, attr);
             (attr, stack, cat, blocks::segment_of(&seg_refs, b))
         })
         .collect();
