@@ -345,10 +345,10 @@ pub fn lifecycle(
     // Where each backward's own frees may end. Under `context="alloc"` a free carries its
     // block's allocation stack, not where it was freed, so no free closes a backward window: the
     // next Python-framed allocation does. When that allocation is the user's own code (the
-    // program went on: the next step's batch, an optimizer step), the frees after the backward's
-    // last allocation may be the program's as much as the backward's: `zero_grad`, names
-    // rebound as the next step begins (with a fused optimizer that allocates nothing, nothing
-    // else comes between). Autograd frees a node's saved tensors right after the node runs,
+    // program went on: the next step's batch, an optimizer step), or the trace ends, the frees
+    // after the backward's last allocation may be the program's as much as the backward's:
+    // `zero_grad`, names rebound as the next step begins (with a fused optimizer that allocates
+    // nothing, nothing else comes between). Autograd frees a node's saved tensors right after the node runs,
     // between the gradients it allocates, so a backward that frees what a pass saved does so
     // before its last allocation (bar the last node's); counting the later frees would read a
     // `retain_graph=True` backward as one that freed the pass (z01 recorded with
