@@ -905,12 +905,7 @@ fn let_go_from_before_the_trace(cx: &Context, g: &Group, start: &impl Fn(usize) 
         .filter(|&(bi, b)| b.alloc_event().is_some() && !own.contains(&bi) && sizes.contains(&b.size))
         .filter_map(|(_, b)| free_stack(b).filter(|s| stacks.contains(s)))
         .collect();
-    // The group's own lines, for frees that carry their block's allocation stack.
-    let own_sites: FxHashSet<FrameId> = if cx.phases.free_stacks_from_alloc {
-        g.blocks.iter().chain(&g.evicted_blocks).filter_map(|&bi| cx.stacks.get(blocks[bi].stack).site).collect()
-    } else {
-        FxHashSet::default()
-    };
+    let own_sites = lines_named_by_frees(cx, g.blocks.iter().chain(&g.evicted_blocks));
     let made_by_group = |s: StackId| cx.stacks.get(s).site.is_some_and(|site| own_sites.contains(&site));
     let let_go: Vec<usize> =
         candidates.into_iter().filter(|&(_, s)| !shared.contains(&s) || made_by_group(s)).map(|(bi, _)| bi).collect();
@@ -923,6 +918,17 @@ fn let_go_from_before_the_trace(cx: &Context, g: &Group, start: &impl Fn(usize) 
         return Vec::new();
     }
     let_go
+}
+
+/// The lines that made `blocks` (indices into the replay's blocks), where a free names the line
+/// that made what it lets go: under `context="alloc"` (`phases::free_stacks_are_alloc_stacks`)
+/// a free carries its block's allocation stack. Empty otherwise: a free's stack is then where
+/// the program let go, which says nothing of the line that made the block.
+fn lines_named_by_frees<'b>(cx: &Context, blocks: impl IntoIterator<Item = &'b usize>) -> FxHashSet<FrameId> {
+    if !cx.phases.free_stacks_from_alloc {
+        return FxHashSet::default();
+    }
+    blocks.into_iter().filter_map(|&bi| cx.stacks.get(cx.replay.blocks[bi].stack).site).collect()
 }
 
 /// From the smallest to the largest size of `blocks` (indices into the replay's blocks); `None`
@@ -1083,11 +1089,7 @@ fn made_before_trace(cx: &Context, line: FrameId, origin: LeakOrigin, kept: &[us
 fn let_go_since(cx: &Context, kept: &[usize], from: u32) -> bool {
     let Some(sizes) = size_range(cx, kept) else { return false };
     let by_program = |f: u32| cx.phases.backward_at(f).is_none() && !cx.phases.in_optimizer(f);
-    let kept_sites: FxHashSet<FrameId> = if cx.phases.free_stacks_from_alloc {
-        kept.iter().filter_map(|&bi| cx.stacks.get(cx.replay.blocks[bi].stack).site).collect()
-    } else {
-        FxHashSet::default()
-    };
+    let kept_sites = lines_named_by_frees(cx, kept);
     let made_by_kept_line = |f: u32| {
         cx.events.get(f as usize).and_then(|e| cx.stacks.get(e.stack).site).is_some_and(|s| kept_sites.contains(&s))
     };
