@@ -1230,3 +1230,34 @@ fn blocks_an_earlier_occurrence_of_the_same_code_path_made_before_a_ring_window_
     assert_eq!(s["facts"]["before_trace"]["blocks"], 27, "{s}");
     assert_eq!(s["facts"]["before_trace"]["bytes"], 27 * 4 * 1024 * 1024, "{s}");
 }
+
+/// Per-example gradients from `torch.func` (real runs, fixtures/extra31 and extra9). Under
+/// `vmap(grad(..))` the autograd engine runs `nll_loss_backward`'s Python decomposition on its
+/// own thread: a stack of torch's decomposition frames alone, which must not end the backward
+/// window, or the engine's frameless allocations after it (the gradients) read as made by no
+/// line. s75 keeps each step's per-example gradients for an audit: one reference_leak at the
+/// `vmap(grad(..))` call (line 39), origin `grad_results` (not a backward hook's tensors, and not
+/// parameter gradients: no parameter has their sizes). q10 uses and frees them within the step:
+/// no suspect, and its peak names the call, with the gradients as temporaries.
+#[test]
+fn per_example_gradients_from_torch_func_are_placed_at_the_call() {
+    let path = fixture_with_prefix("extra31", "s75_");
+    let script = format!("{}.py", stem(&path));
+    let out = analyze(&path);
+    let leaks = of_kind(&out, "reference_leak");
+    assert!(
+        leaks.len() == 1 && at(leaks[0], &script, 39) && leaks[0]["severity"] == "leak",
+        "s75: expected one reference_leak [leak] at {script}:39, got:{}",
+        describe(&out)
+    );
+    assert_eq!(leaks[0]["facts"]["origin"], "grad_results", "{}", leaks[0]["facts"]);
+    assert!(of_kind(&out, "unreleased_gradient").is_empty(), "s75:{}", describe(&out));
+
+    let clean = analyze(&fixture_with_prefix("extra9", "q10_"));
+    assert!(clean["suspects"].as_array().unwrap().is_empty(), "q10:{}", describe(&clean));
+    let peak = &clean["devices"][0]["peak"];
+    let top = &peak["by_site"][0];
+    assert_eq!(top["site"]["line"], 32, "q10's largest site at the peak: {top}");
+    assert!(top["label"].as_str().unwrap().starts_with("backward launched at"), "{top}");
+    assert_eq!(peak["by_category"]["temporaries"].as_u64(), Some(68_554_240), "{}", peak["by_category"]);
+}

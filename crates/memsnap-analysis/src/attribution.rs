@@ -180,21 +180,33 @@ pub fn categorize(
 ) -> Category {
     let Some(a) = b.alloc_event() else { return Category::PreTrace };
     let freed = b.freed_at();
+    // Lives past the iteration that made it: never freed, or freed in a later one.
+    let outlives_iteration = match freed {
+        None => true,
+        Some(f) => match (phases.iteration_of(a), phases.iteration_of(f)) {
+            (Some(x), Some(y)) => y > x,
+            _ => false,
+        },
+    };
     match attr {
         Attr::Backward(_) => {
             // Outliving its backward pass is what a gradient does; the rest is scratch. A
             // gradient has its parameter's size: a block the backward made and kept of no
             // parameter's size is a library's state, such as the cuBLAS workspace the engine's
             // thread makes at its first matmul (32 MiB on an H100) and keeps, which after
-            // `zero_grad(set_to_none=True)` read as 32 MiB of gradients. With no parameter size
-            // known, every such block counts.
+            // `zero_grad(set_to_none=True)` read as 32 MiB of gradients, or what
+            // `torch.autograd.grad` returned (per-example gradients: q10), used and freed in
+            // the iteration like any temporary. With no parameter size known, every block that
+            // outlives its backward counts.
             let end = phases.backward_at(a).map_or(a + 1, |bw| bw.span.end);
             if freed.is_some_and(|f| f < end) {
                 Category::Temporaries
             } else if gradient_sizes.is_empty() || gradient_sizes.contains(&b.size) {
                 Category::Gradients
-            } else {
+            } else if outlives_iteration {
                 Category::Other
+            } else {
+                Category::Temporaries
             }
         }
         _ => {
@@ -215,19 +227,10 @@ pub fn categorize(
                 }
             } else if info.forward {
                 Category::Activations
+            } else if outlives_iteration {
+                Category::Other
             } else {
-                let long = match freed {
-                    None => true,
-                    Some(f) => match (phases.iteration_of(a), phases.iteration_of(f)) {
-                        (Some(x), Some(y)) => y > x,
-                        _ => false,
-                    },
-                };
-                if long {
-                    Category::Other
-                } else {
-                    Category::Temporaries
-                }
+                Category::Temporaries
             }
         }
     }

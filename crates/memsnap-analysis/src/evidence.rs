@@ -155,6 +155,10 @@ pub enum LeakOrigin {
     /// Tensors made by the autograd engine that are not gradients of parameters (a backward hook
     /// keeping `grad_output`, the `.grad` that `retain_grad()` gives a kept activation).
     Backward,
+    /// Tensors made by a backward that `torch.autograd.grad` ran (directly, or under
+    /// `torch.func.grad`), not of any parameter's size: what it returned (gradients with respect
+    /// to inputs or activations, per-example gradients from `vmap`), kept by the caller.
+    GradResults,
     /// Parameters and buffers of models built at one line round after round (a sweep, k-fold,
     /// an ensemble trained one member at a time), every one still allocated: each model built is
     /// kept, not only the one the loop variable holds.

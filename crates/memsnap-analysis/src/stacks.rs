@@ -42,6 +42,10 @@ pub struct StackInfo {
     /// The stack launches a backward pass (`torch.autograd.backward` / `_make_grads`); `site`
     /// is then the `.backward()` line.
     pub backward_launch: bool,
+    /// The launch is `torch.autograd.grad` (called directly, or by `torch.func.grad` / `vjp`),
+    /// which returns the gradients it computes to its caller instead of adding them into the
+    /// leaves' `.grad`.
+    pub grad_call: bool,
     /// Inside `torch.optim`.
     pub optimizer: bool,
     /// The innermost user frame is inside the `torch.optim` call: user code the step ran, i.e.
@@ -62,8 +66,11 @@ pub struct StackInfo {
     /// stack bottoms out in torch's autograd machinery (`torch/autograd/function.py` `apply`,
     /// saved-tensor hooks, `torch/utils/checkpoint.py`, compiled backwards under
     /// `torch/_functorch`) with no user frame outside it. Activation checkpointing recomputes its
-    /// forward regions this way, and `torch.compile` runs its backward this way. These
-    /// allocations belong to the backward pass, not to a forward pass.
+    /// forward regions this way, and `torch.compile` runs its backward this way. So does a
+    /// backward formula the dispatcher runs in Python ([`dispatcher_python`]: `torch.func`'s
+    /// `vmap` over `grad` runs `nll_loss_backward`'s decomposition on the engine's thread, whose
+    /// stack is that decomposition alone: s75). These allocations belong to the backward pass,
+    /// not to a forward pass.
     pub recompute: bool,
     /// Inside `torch/optim/lbfgs.py`: L-BFGS keeps the last `history_size` (100 by default)
     /// pairs of update directions, each a flat tensor the size of all parameters, so its state
@@ -169,6 +176,14 @@ fn forward_callers(snap: &Snapshot, kinds: &[FrameKind]) -> FxHashSet<FrameId> {
     callers
 }
 
+/// Python that the dispatcher calls from C++ (decompositions, references, prims): on the main
+/// thread the caller's Python frames lie beneath it, so a stack of these frames alone (no user
+/// frame outside them) was made on a thread that runs no Python of its own, the autograd
+/// engine's, running a backward formula written in Python.
+fn dispatcher_python(file: &str) -> bool {
+    ["torch/_decomp/", "torch/_refs/", "torch/_prims/", "torch/_prims_common/"].iter().any(|d| file.contains(d))
+}
+
 fn info(snap: &Snapshot, kinds: &[FrameKind], forward_callers: &FxHashSet<FrameId>, frames: &[FrameId]) -> StackInfo {
     let mut s = StackInfo::default();
     // Frames are innermost first.
@@ -203,9 +218,16 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], forward_callers: &FxHashSet<FrameI
         {
             s.backward_launch = true;
         }
+        if file.ends_with("torch/autograd/__init__.py") && name == "grad" {
+            s.grad_call = true;
+        }
         let checkpoint = file.ends_with("torch/utils/checkpoint.py");
         s.checkpointed |= checkpoint;
-        if checkpoint || file.contains("torch/autograd/") || file.contains("torch/_functorch/") {
+        if checkpoint
+            || file.contains("torch/autograd/")
+            || file.contains("torch/_functorch/")
+            || dispatcher_python(file)
+        {
             autograd_machinery = Some(i);
         }
         // A parameter's `__deepcopy__` is a model copied (`copy.deepcopy(model)`): a model

@@ -495,6 +495,9 @@ impl Detector for ReferenceLeak {
                     l,
                     // Optimizer state (`None`): which kind it is depends on what the group shows.
                     match o.leak_origin() {
+                        Some(LeakOrigin::Backward) if cx.stacks.get(cx.backward_stack(l)).grad_call => {
+                            LeakOrigin::GradResults
+                        }
                         Some(origin) => origin,
                         None if cx.stacks.get(g.largest.1).lbfgs => LeakOrigin::OptimizerHistory,
                         None if orphaned.contains_key(&key) => LeakOrigin::OptimizerStateOrphaned,
@@ -573,7 +576,7 @@ impl Detector for ReferenceLeak {
                 bytes: None,
                 site: line.map(|f| cx.site(f)),
                 stack: match origin {
-                    LeakOrigin::Backward => cx.backward_stack(line),
+                    LeakOrigin::Backward | LeakOrigin::GradResults => cx.backward_stack(line),
                     _ => g.largest.1,
                 },
                 facts: Evidence::ReferenceLeak {
