@@ -180,8 +180,9 @@ pub fn categorize(
 ) -> Category {
     let Some(a) = b.alloc_event() else { return Category::PreTrace };
     let freed = b.freed_at();
-    // Lives past the iteration that made it: never freed, or freed in a later one.
-    let outlives_iteration = match freed {
+    // Lives past the iteration that made it: never freed, or freed in a later one. Asked only
+    // where it decides (two binary searches, over millions of blocks).
+    let outlives_iteration = || match freed {
         None => true,
         Some(f) => match (phases.iteration_of(a), phases.iteration_of(f)) {
             (Some(x), Some(y)) => y > x,
@@ -203,7 +204,7 @@ pub fn categorize(
                 Category::Temporaries
             } else if gradient_sizes.is_empty() || gradient_sizes.contains(&b.size) {
                 Category::Gradients
-            } else if outlives_iteration {
+            } else if outlives_iteration() {
                 Category::Other
             } else {
                 Category::Temporaries
@@ -227,7 +228,7 @@ pub fn categorize(
                 }
             } else if info.forward {
                 Category::Activations
-            } else if outlives_iteration {
+            } else if outlives_iteration() {
                 Category::Other
             } else {
                 Category::Temporaries
