@@ -1261,3 +1261,25 @@ fn per_example_gradients_from_torch_func_are_placed_at_the_call() {
     assert!(top["label"].as_str().unwrap().starts_with("backward launched at"), "{top}");
     assert_eq!(peak["by_category"]["temporaries"].as_u64(), Some(68_554_240), "{}", peak["by_category"]);
 }
+
+/// A hook the autograd engine runs in the middle of a backward pass (real run, fixtures/extra31
+/// s82: `head.weight.register_hook(lambda g, feat=feat: ...)` registered every step and never
+/// removed) allocates with the hook's frames alone: nothing in Python called it. Such a stack
+/// must not end the backward window, or the saved tensors the engine frees after the hook read
+/// as never freed, a graph kept (`retained_graph`, as s82 read). What leaks is each step's
+/// `feat`, returned by the model and held by the closures: one reference_leak at the model call
+/// (line 43), 2 MiB per iteration, and no retained_graph.
+#[test]
+fn a_hook_run_by_the_engine_does_not_end_the_backward_pass() {
+    let path = fixture_with_prefix("extra31", "s82_");
+    let script = format!("{}.py", stem(&path));
+    let out = analyze(&path);
+    assert!(of_kind(&out, "retained_graph").is_empty(), "s82:{}", describe(&out));
+    let leaks = of_kind(&out, "reference_leak");
+    assert!(
+        leaks.len() == 1 && at(leaks[0], &script, 43) && leaks[0]["severity"] == "leak",
+        "s82: expected one reference_leak [leak] at {script}:43, got:{}",
+        describe(&out)
+    );
+    assert_eq!(leaks[0]["growth_bytes_per_iteration"].as_u64(), Some(2 << 20), "{}", describe(&out));
+}

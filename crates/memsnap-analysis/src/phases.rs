@@ -158,9 +158,9 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
             continue;
         }
         let info = stacks.get(e.stack);
-        if !info.python || info.recompute {
+        if !info.python || info.recompute || info.native_callback {
             // Frameless (or native-only) events belong to whatever window is open, and so do
-            // checkpoint recomputations, which the engine runs inside a backward pass.
+            // checkpoint recomputations and hooks, which the engine runs inside a backward pass.
             continue;
         }
         // Backward windows: opened by a launch, closed by the next Python-framed event.

@@ -72,6 +72,14 @@ pub struct StackInfo {
     /// stack is that decomposition alone: s75). These allocations belong to the backward pass,
     /// not to a forward pass.
     pub recompute: bool,
+    /// The outermost Python frame is a function of the user's, not a module body: nothing in
+    /// Python called it, so C++ did, on a thread that runs no Python of its own. The main
+    /// thread's stack bottoms out in the script's `<module>` (or a launcher: `runpy`, pytest),
+    /// another Python thread's in `threading`; a hook the autograd engine runs during a backward
+    /// (`Tensor.register_hook`, `register_post_accumulate_grad_hook`) has the hook alone. Its
+    /// allocations (`g.norm()` in a logging hook: s82) happen inside the backward pass and do
+    /// not end it.
+    pub native_callback: bool,
     /// Inside `torch/optim/lbfgs.py`: L-BFGS keeps the last `history_size` (100 by default)
     /// pairs of update directions, each a flat tensor the size of all parameters, so its state
     /// grows each step until it holds that many, then drops the oldest: bounded by design.
@@ -114,7 +122,14 @@ impl StackTable {
     pub fn new(snap: &Snapshot) -> StackTable {
         let frame_kinds: Vec<FrameKind> = snap.frames.iter().map(|f| classify_filename(snap.str(f.filename))).collect();
         let forward_callers = forward_callers(snap, &frame_kinds);
-        let infos = snap.stacks.iter().map(|s| info(snap, &frame_kinds, &forward_callers, &s.frames)).collect();
+        let mut infos: Vec<StackInfo> =
+            snap.stacks.iter().map(|s| info(snap, &frame_kinds, &forward_callers, &s.frames)).collect();
+        // A callback is told from the main thread's stacks by what they bottom out in; a file
+        // none of whose stacks reaches a module body or a launcher (a producer that records only
+        // the innermost frames, a synthetic file) cannot tell them apart.
+        if !infos.iter().any(|i| i.python && !i.native_callback) {
+            infos.iter_mut().for_each(|i| i.native_callback = false);
+        }
         let user_frames = snap
             .stacks
             .iter()
@@ -190,6 +205,7 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], forward_callers: &FxHashSet<FrameI
     let mut outermost_module: Option<usize> = None;
     let mut autograd_machinery: Option<usize> = None;
     let mut outermost_user: Option<usize> = None;
+    let mut outermost_python: Option<(FrameKind, &str)> = None;
     let mut innermost_module: Option<usize> = None;
     for (i, &f) in frames.iter().enumerate() {
         let frame = snap.frame(f);
@@ -212,6 +228,7 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], forward_callers: &FxHashSet<FrameI
         if kind == FrameKind::Native {
             continue;
         }
+        outermost_python = Some((kind, name));
         if file.contains("torch/autograd/")
             && (name == "_make_grads" || name == "backward" || name == "_engine_run_backward")
             || file.ends_with("torch/_tensor.py") && name == "backward"
@@ -274,6 +291,7 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], forward_callers: &FxHashSet<FrameI
     // (what the engine called), none outside it. A backward launched, or a custom
     // `autograd.Function` called, from the user's loop has the user's frames outside the
     // machinery, also under `python -m` or pytest, where the outermost frame is a library's.
+    s.native_callback = matches!(outermost_python, Some((FrameKind::User, name)) if name != "<module>");
     s.recompute = !s.backward_launch && autograd_machinery.is_some_and(|m| outermost_user.is_none_or(|u| u < m));
     s.checkpointed &= !s.recompute && !s.backward_launch;
     let caller_user = |from: usize| frames[from + 1..].iter().copied().find(|f| kinds[f.0 as usize] == FrameKind::User);
