@@ -72,13 +72,15 @@ pub struct StackInfo {
     /// stack is that decomposition alone: s75). These allocations belong to the backward pass,
     /// not to a forward pass.
     pub recompute: bool,
-    /// The outermost Python frame is a function of the user's, not a module body: nothing in
-    /// Python called it, so C++ did, on a thread that runs no Python of its own. The main
-    /// thread's stack bottoms out in the script's `<module>` (or a launcher: `runpy`, pytest),
-    /// another Python thread's in `threading`; a hook the autograd engine runs during a backward
-    /// (`Tensor.register_hook`, `register_post_accumulate_grad_hook`) has the hook alone. Its
-    /// allocations (`g.norm()` in a logging hook: s82) happen inside the backward pass and do
-    /// not end it.
+    /// A hook the autograd engine runs during a backward, from its own thread: the outermost
+    /// Python frame is a function of the user's (`Tensor.register_hook`,
+    /// `register_post_accumulate_grad_hook`), not a module body, or `torch/utils/hooks.py`'s
+    /// (a module's full backward hook). Nothing in Python called it: the main thread's stack
+    /// bottoms out in the script's `<module>` (or a launcher's code: `runpy`, pytest), another
+    /// Python thread's in `threading`. Its allocations (`g.norm()` in a logging hook: s82)
+    /// happen inside the backward pass and do not end it. A library's own engine callbacks
+    /// (FSDP's pre- and post-backward hooks) are left as they were: they end the window, and
+    /// what FSDP frees in them is its resharding, not the backward freeing a pass (l02).
     pub native_callback: bool,
     /// Inside `torch/optim/lbfgs.py`: L-BFGS keeps the last `history_size` (100 by default)
     /// pairs of update directions, each a flat tensor the size of all parameters, so its state
@@ -205,7 +207,7 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], forward_callers: &FxHashSet<FrameI
     let mut outermost_module: Option<usize> = None;
     let mut autograd_machinery: Option<usize> = None;
     let mut outermost_user: Option<usize> = None;
-    let mut outermost_python: Option<(FrameKind, &str)> = None;
+    let mut outermost_python: Option<(FrameKind, &str, &str)> = None;
     let mut innermost_module: Option<usize> = None;
     for (i, &f) in frames.iter().enumerate() {
         let frame = snap.frame(f);
@@ -228,7 +230,7 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], forward_callers: &FxHashSet<FrameI
         if kind == FrameKind::Native {
             continue;
         }
-        outermost_python = Some((kind, name));
+        outermost_python = Some((kind, file, name));
         if file.contains("torch/autograd/")
             && (name == "_make_grads" || name == "backward" || name == "_engine_run_backward")
             || file.ends_with("torch/_tensor.py") && name == "backward"
@@ -291,7 +293,9 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], forward_callers: &FxHashSet<FrameI
     // (what the engine called), none outside it. A backward launched, or a custom
     // `autograd.Function` called, from the user's loop has the user's frames outside the
     // machinery, also under `python -m` or pytest, where the outermost frame is a library's.
-    s.native_callback = matches!(outermost_python, Some((FrameKind::User, name)) if name != "<module>");
+    s.native_callback = outermost_python.is_some_and(|(kind, file, name)| {
+        kind == FrameKind::User && name != "<module>" || file.ends_with("torch/utils/hooks.py")
+    });
     s.recompute = !s.backward_launch && autograd_machinery.is_some_and(|m| outermost_user.is_none_or(|u| u < m));
     s.checkpointed &= !s.recompute && !s.backward_launch;
     let caller_user = |from: usize| frames[from + 1..].iter().copied().find(|f| kinds[f.0 as usize] == FrameKind::User);
