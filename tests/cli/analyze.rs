@@ -198,6 +198,17 @@ fn of_kind<'a>(out: &'a Value, kind: &str) -> Vec<&'a Value> {
     suspects(out).iter().filter(|s| s["kind"] == kind).collect()
 }
 
+/// The one `reference_leak` of `out`, required to be of severity `leak` at `script:line`.
+fn the_one_leak<'a>(out: &'a Value, script: &str, line: u64) -> &'a Value {
+    let leaks = of_kind(out, "reference_leak");
+    assert!(
+        leaks.len() == 1 && at(leaks[0], script, line) && leaks[0]["severity"] == "leak",
+        "expected one reference_leak [leak] at {script}:{line}, got:{}",
+        describe(out)
+    );
+    leaks[0]
+}
+
 /// Analyse the fixture `prefix` and require a `kind` suspect at `file:line`; returns the output.
 fn expect_suspect(prefix: &str, kind: &str, file: &str, line: u64) -> Value {
     let out = analyze(&find(prefix));
@@ -711,13 +722,8 @@ fn late_periodic_and_decorated_forward_leaks_are_named_at_the_call() {
         let path = fixture_with_prefix("extra8", prefix);
         let script = format!("{}.py", stem(&path));
         let out = analyze(&path);
-        let leaks = of_kind(&out, "reference_leak");
-        assert!(
-            leaks.len() == 1 && at(leaks[0], &script, line) && leaks[0]["severity"] == "leak",
-            "{prefix}: expected one reference_leak [leak] at {script}:{line}, got:{}",
-            describe(&out)
-        );
-        assert_eq!(leaks[0]["growth_bytes_per_iteration"].as_u64(), growth, "{prefix}:{}", describe(&out));
+        let leak = the_one_leak(&out, &script, line);
+        assert_eq!(leak["growth_bytes_per_iteration"].as_u64(), growth, "{prefix}:{}", describe(&out));
     }
 }
 
@@ -758,13 +764,8 @@ fn optimizers_recreated_and_kept_are_told_from_restarts_and_unfreezing() {
     let path = fixture_with_prefix("extra9", "q06_");
     let script = format!("{}.py", stem(&path));
     let out = analyze(&path);
-    let leaks = of_kind(&out, "reference_leak");
-    assert!(
-        leaks.len() == 1 && at(leaks[0], &script, 28) && leaks[0]["severity"] == "leak",
-        "q06: expected one reference_leak [leak] at {script}:28, got:{}",
-        describe(&out)
-    );
-    let facts = &leaks[0]["facts"];
+    let leak = the_one_leak(&out, &script, 28);
+    let facts = &leak["facts"];
     assert_eq!(facts["origin"], "optimizer_state_remade", "{facts}");
     assert_eq!((facts["occurrences"].as_u64(), facts["eligible"].as_u64()), (Some(5), Some(20)), "{facts}");
     for prefix in ["q15_", "q16_"] {
@@ -783,14 +784,9 @@ fn an_optimizer_that_keeps_its_updates_is_told_from_one_handed_new_parameters() 
     let path = fixture_with_prefix("extra10", "k04_");
     let script = format!("{}.py", stem(&path));
     let out = analyze(&path);
-    let leaks = of_kind(&out, "reference_leak");
-    assert!(
-        leaks.len() == 1 && at(leaks[0], &script, 33) && leaks[0]["severity"] == "leak",
-        "k04: expected one reference_leak [leak] at {script}:33, got:{}",
-        describe(&out)
-    );
-    assert_eq!(leaks[0]["facts"]["origin"], "optimizer_keeps_per_step", "{}", leaks[0]["facts"]);
-    assert_eq!(leaks[0]["growth_bytes_per_iteration"].as_u64(), Some(6_304_256), "{}", describe(&out));
+    let leak = the_one_leak(&out, &script, 33);
+    assert_eq!(leak["facts"]["origin"], "optimizer_keeps_per_step", "{}", leak["facts"]);
+    assert_eq!(leak["growth_bytes_per_iteration"].as_u64(), Some(6_304_256), "{}", describe(&out));
     let clean = analyze(&fixture_with_prefix("extra10", "k05_"));
     assert!(of_kind(&clean, "reference_leak").is_empty(), "k05:{}", describe(&clean));
 }
@@ -1152,14 +1148,9 @@ fn models_built_and_kept_round_after_round_are_a_leak() {
     let path = fixture_with_prefix("extra11", "n07_");
     let script = format!("{}.py", stem(&path));
     let out = analyze(&path);
-    let leaks = of_kind(&out, "reference_leak");
-    assert!(
-        leaks.len() == 1 && at(leaks[0], &script, 27) && leaks[0]["severity"] == "leak",
-        "n07: expected one reference_leak [leak] at {script}:27, got:{}",
-        describe(&out)
-    );
-    assert_eq!(leaks[0]["facts"]["origin"], "models_kept", "{}", leaks[0]["facts"]);
-    assert_eq!(leaks[0]["bytes"].as_u64(), Some(4 * 16_793_600), "{}", describe(&out));
+    let leak = the_one_leak(&out, &script, 27);
+    assert_eq!(leak["facts"]["origin"], "models_kept", "{}", leak["facts"]);
+    assert_eq!(leak["bytes"].as_u64(), Some(4 * 16_793_600), "{}", describe(&out));
     let clean = analyze(&fixture_with_prefix("extra11", "n08_"));
     assert!(of_kind(&clean, "reference_leak").is_empty(), "n08:{}", describe(&clean));
 }
@@ -1244,13 +1235,8 @@ fn per_example_gradients_from_torch_func_are_placed_at_the_call() {
     let path = fixture_with_prefix("extra31", "s75_");
     let script = format!("{}.py", stem(&path));
     let out = analyze(&path);
-    let leaks = of_kind(&out, "reference_leak");
-    assert!(
-        leaks.len() == 1 && at(leaks[0], &script, 39) && leaks[0]["severity"] == "leak",
-        "s75: expected one reference_leak [leak] at {script}:39, got:{}",
-        describe(&out)
-    );
-    assert_eq!(leaks[0]["facts"]["origin"], "grad_results", "{}", leaks[0]["facts"]);
+    let leak = the_one_leak(&out, &script, 39);
+    assert_eq!(leak["facts"]["origin"], "grad_results", "{}", leak["facts"]);
     assert!(of_kind(&out, "unreleased_gradient").is_empty(), "s75:{}", describe(&out));
 
     let clean = analyze(&fixture_with_prefix("extra9", "q10_"));
@@ -1275,11 +1261,6 @@ fn a_hook_run_by_the_engine_does_not_end_the_backward_pass() {
     let script = format!("{}.py", stem(&path));
     let out = analyze(&path);
     assert!(of_kind(&out, "retained_graph").is_empty(), "s82:{}", describe(&out));
-    let leaks = of_kind(&out, "reference_leak");
-    assert!(
-        leaks.len() == 1 && at(leaks[0], &script, 43) && leaks[0]["severity"] == "leak",
-        "s82: expected one reference_leak [leak] at {script}:43, got:{}",
-        describe(&out)
-    );
-    assert_eq!(leaks[0]["growth_bytes_per_iteration"].as_u64(), Some(2 << 20), "{}", describe(&out));
+    let leak = the_one_leak(&out, &script, 43);
+    assert_eq!(leak["growth_bytes_per_iteration"].as_u64(), Some(2 << 20), "{}", describe(&out));
 }
