@@ -1254,7 +1254,10 @@ fn per_example_gradients_from_torch_func_are_placed_at_the_call() {
 /// must not end the backward window, or the saved tensors the engine frees after the hook read
 /// as never freed, a graph kept (`retained_graph`, as s82 read). What leaks is each step's
 /// `feat`, returned by the model and held by the closures: one reference_leak at the model call
-/// (line 43), 2 MiB per iteration, and no retained_graph.
+/// (line 43), 2 MiB per iteration, and no retained_graph. A module's full backward hook that
+/// clones each step's `grad_output` (s93, run through `torch/utils/hooks.py`) is named at its
+/// clone line; optimizers stepped per parameter from `register_post_accumulate_grad_hook` (s94,
+/// clean) are counted as steps, one per backward, though the engine runs them.
 #[test]
 fn a_hook_run_by_the_engine_does_not_end_the_backward_pass() {
     let path = fixture_with_prefix("extra31", "s82_");
@@ -1263,4 +1266,18 @@ fn a_hook_run_by_the_engine_does_not_end_the_backward_pass() {
     assert!(of_kind(&out, "retained_graph").is_empty(), "s82:{}", describe(&out));
     let leak = the_one_leak(&out, &script, 43);
     assert_eq!(leak["growth_bytes_per_iteration"].as_u64(), Some(2 << 20), "{}", describe(&out));
+
+    let path = fixture_with_prefix("extra31", "s93_");
+    let out = analyze(&path);
+    assert_eq!(suspects(&out).len(), 1, "s93:{}", describe(&out));
+    the_one_leak(&out, &format!("{}.py", stem(&path)), 24);
+
+    let clean = analyze(&fixture_with_prefix("extra31", "s94_"));
+    assert!(suspects(&clean).is_empty(), "s94:{}", describe(&clean));
+    let phases = &clean["devices"][0]["phases"];
+    assert_eq!(
+        (phases["backward_passes"].as_u64(), phases["optimizer_steps"].as_u64()),
+        (Some(16), Some(16)),
+        "{phases}"
+    );
 }

@@ -158,9 +158,15 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
             continue;
         }
         let info = stacks.get(e.stack);
-        if !info.python || info.recompute || info.native_callback {
+        if !info.python || info.recompute {
             // Frameless (or native-only) events belong to whatever window is open, and so do
-            // checkpoint recomputations and hooks, which the engine runs inside a backward pass.
+            // checkpoint recomputations, which the engine runs inside a backward pass.
+            continue;
+        }
+        if info.native_callback {
+            // So does a hook the engine runs; an optimizer it steps is still a step (one stepped
+            // per parameter from `register_post_accumulate_grad_hook`: s94).
+            optimizer_window(&mut open_opt, &mut optimizer_steps, info.optimizer, e.action() == Action::Alloc, i);
             continue;
         }
         // Backward windows: opened by a launch, closed by the next Python-framed event.
@@ -208,17 +214,7 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
                 forwards.push(f);
             }
         }
-        // Optimizer steps.
-        if info.optimizer {
-            match &mut open_opt {
-                Some(s) => s.end = i + 1,
-                None => open_opt = Some(Span { start: i, end: i + 1 }),
-            }
-        } else if e.action() == Action::Alloc {
-            if let Some(s) = open_opt.take() {
-                optimizer_steps.push(s);
-            }
-        }
+        optimizer_window(&mut open_opt, &mut optimizer_steps, info.optimizer, e.action() == Action::Alloc, i);
     }
     if let Some(b) = open_backward.take() {
         backwards.push(Backward { span: Span { start: b.span.start, end: n }, line: b.line });
@@ -412,6 +408,20 @@ pub fn free_stacks_are_alloc_stacks(events: &[TraceEvent]) -> bool {
         }
     }
     matched >= FREE_STACK_MIN && equal == matched
+}
+
+/// Optimizer steps: a run of events under `torch/optim`, ended by the next allocation outside it.
+fn optimizer_window(open: &mut Option<Span>, steps: &mut Vec<Span>, optimizer: bool, alloc: bool, i: u32) {
+    if optimizer {
+        match open {
+            Some(s) => s.end = i + 1,
+            None => *open = Some(Span { start: i, end: i + 1 }),
+        }
+    } else if alloc {
+        if let Some(s) = open.take() {
+            steps.push(s);
+        }
+    }
 }
 
 /// Does the backward pass free a block that the forward pass allocated and that was still

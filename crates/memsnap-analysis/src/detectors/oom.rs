@@ -51,8 +51,11 @@ impl Detector for Oom {
             .unwrap_or(0);
         let t = before.map(|x| x as u32);
         let mut by: BTreeMap<Attr, u64> = BTreeMap::new();
+        // A block still allocated at the dump is the dump's block at its address, whose stack
+        // the allocator kept: the holders are named under `context="state"` too (s81).
         for b in d.blocks.iter().filter(|b| b.state_after(t) == Some(BlockState::Allocated)) {
-            *by.entry(cx.attr(b)).or_default() += b.size;
+            let b = crate::with_dump_stack(b, d.device, cx.dump_stacks);
+            *by.entry(cx.attr(&b)).or_default() += b.size;
         }
         let mut top: Vec<(Attr, u64)> = by.into_iter().collect();
         top.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));

@@ -306,8 +306,26 @@ fn shape(cx: &Context, blocks: &[usize]) -> Shape {
     let mut per_line: BTreeMap<FrameId, u64> = BTreeMap::new();
     // (allocation event, call stack, size) of those made in the trace
     let mut made_in_trace: Vec<(u32, StackId, u64)> = Vec::new();
+    // A dump the out-of-memory observer wrote stops the iteration under way, which holds its
+    // own pass's saved tensors awaiting its backward: one pass's graph, which would show as many
+    // operations' tensors and twins as kept graphs do (s81's logits kept every step read as
+    // graphs beside the pass in flight). With iterations and an OOM in the last one, what the
+    // last one made is left out of the shape. (Leaving it out at every dump was tried: a window
+    // of a few iterations then has too few twins left to show graphs that are kept, g01 cut to
+    // its last half.)
+    let last = cx.phases.boundaries.len();
+    let stopped_by_oom = last >= 2
+        && cx
+            .events
+            .iter()
+            .rposition(|e| e.action() == Action::Oom)
+            .is_some_and(|i| cx.phases.stretch_of(i as u32) == last);
+    let in_flight = |at: u32| stopped_by_oom && cx.phases.stretch_of(at) == last;
     for &bi in blocks {
         let b = &cx.replay.blocks[bi];
+        if b.alloc_event().is_some_and(in_flight) {
+            continue;
+        }
         let stack = dump_stack(cx, b);
         let info = cx.stacks.get(stack);
         let Some(op) = info.innermost_python.filter(|_| info.forward) else { continue };
