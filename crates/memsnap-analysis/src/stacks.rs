@@ -289,13 +289,13 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], forward_callers: &FxHashSet<FrameI
             s.loss = true;
         }
     }
+    s.native_callback = outermost_python.is_some_and(|(kind, file, name)| {
+        kind == FrameKind::User && name != "<module>" || file.ends_with("torch/utils/hooks.py")
+    });
     // The engine's thread: autograd machinery is on the stack and every user frame is inside it
     // (what the engine called), none outside it. A backward launched, or a custom
     // `autograd.Function` called, from the user's loop has the user's frames outside the
     // machinery, also under `python -m` or pytest, where the outermost frame is a library's.
-    s.native_callback = outermost_python.is_some_and(|(kind, file, name)| {
-        kind == FrameKind::User && name != "<module>" || file.ends_with("torch/utils/hooks.py")
-    });
     s.recompute = !s.backward_launch && autograd_machinery.is_some_and(|m| outermost_user.is_none_or(|u| u < m));
     s.checkpointed &= !s.recompute && !s.backward_launch;
     let caller_user = |from: usize| frames[from + 1..].iter().copied().find(|f| kinds[f.0 as usize] == FrameKind::User);
