@@ -348,10 +348,10 @@ pub fn lifecycle(
     // program went on: the next step's batch, an optimizer step), or the trace ends, the frees
     // after the backward's last allocation may be the program's as much as the backward's:
     // `zero_grad`, names rebound as the next step begins (with a fused optimizer that allocates
-    // nothing, nothing else comes between). Autograd frees a node's saved tensors right after the node runs,
-    // between the gradients it allocates, so a backward that frees what a pass saved does so
-    // before its last allocation (bar the last node's); counting the later frees would read a
-    // `retain_graph=True` backward as one that freed the pass (z01 recorded with
+    // nothing, nothing else comes between). Autograd frees a node's saved tensors right after
+    // the node runs, between the gradients it allocates, so a backward that frees what a pass
+    // saved does so before its last allocation (bar the last node's); counting the later frees
+    // would read a `retain_graph=True` backward as one that freed the pass (z01 recorded with
     // `context="alloc"`). A window closed by library code without a user frame (FSDP's hooks,
     // which the engine runs inside the backward) keeps its frees: the backward is still running.
     let backward_frees_end: Vec<u32> = phases

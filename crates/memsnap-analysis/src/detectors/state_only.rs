@@ -137,6 +137,7 @@ pub(crate) fn read(cx: &Context) -> Option<StateReading> {
     let origin = reading(cx)?;
     let mut working_sets = Vec::new();
     let mut groups = Vec::new();
+    let in_flight = stretch_stopped_by_oom(cx);
     for g in state_groups(cx) {
         if origin == LeakOrigin::DumpStacksOnly {
             if let Some(why) = working_set(cx, &g) {
@@ -148,7 +149,7 @@ pub(crate) fn read(cx: &Context) -> Option<StateReading> {
             }
         }
         let LineBlocks { line, blocks, stack, .. } = g;
-        let (graph, operations_without_twins) = match shape(cx, &blocks) {
+        let (graph, operations_without_twins) = match shape(cx, &blocks, in_flight) {
             Shape::Graph(g) => (Some(g), None),
             Shape::OperationsWithoutTwins(ops) => (None, Some(ops)),
             Shape::Tensors => (None, None),
@@ -297,8 +298,24 @@ enum Shape {
     Tensors,
 }
 
-/// The shape of `blocks` (see the module comment).
-fn shape(cx: &Context, blocks: &[usize]) -> Shape {
+/// The stretch of the trace (the last iteration) that an out-of-memory error stopped, when the
+/// trace has iterations and its last one holds an OOM.
+///
+/// A dump the out-of-memory observer wrote stops the iteration under way, which holds its own
+/// pass's saved tensors awaiting its backward: one pass's graph, which would show as many
+/// operations' tensors and twins as kept graphs do (s81's logits kept every step read as graphs
+/// beside the pass in flight), so [`shape`] leaves out what that iteration made. (Leaving the
+/// last iteration out at every dump was tried: a window of a few iterations then has too few
+/// twins left to show graphs that are kept, g01 cut to its last half.)
+fn stretch_stopped_by_oom(cx: &Context) -> Option<usize> {
+    let last = cx.phases.boundaries.len();
+    let oom = cx.events.iter().rposition(|e| e.action() == Action::Oom)?;
+    (last >= 2 && cx.phases.stretch_of(oom as u32) == last).then_some(last)
+}
+
+/// The shape of `blocks` (see the module comment), leaving out what stretch `in_flight` made
+/// ([`stretch_stopped_by_oom`]).
+fn shape(cx: &Context, blocks: &[usize], in_flight: Option<usize>) -> Shape {
     let th = cx.thresholds;
     // Per operation (the innermost Python frame: the library or model line that ran it), the
     // live blocks it made inside a model call.
@@ -306,24 +323,9 @@ fn shape(cx: &Context, blocks: &[usize]) -> Shape {
     let mut per_line: BTreeMap<FrameId, u64> = BTreeMap::new();
     // (allocation event, call stack, size) of those made in the trace
     let mut made_in_trace: Vec<(u32, StackId, u64)> = Vec::new();
-    // A dump the out-of-memory observer wrote stops the iteration under way, which holds its
-    // own pass's saved tensors awaiting its backward: one pass's graph, which would show as many
-    // operations' tensors and twins as kept graphs do (s81's logits kept every step read as
-    // graphs beside the pass in flight). With iterations and an OOM in the last one, what the
-    // last one made is left out of the shape. (Leaving it out at every dump was tried: a window
-    // of a few iterations then has too few twins left to show graphs that are kept, g01 cut to
-    // its last half.)
-    let last = cx.phases.boundaries.len();
-    let stopped_by_oom = last >= 2
-        && cx
-            .events
-            .iter()
-            .rposition(|e| e.action() == Action::Oom)
-            .is_some_and(|i| cx.phases.stretch_of(i as u32) == last);
-    let in_flight = |at: u32| stopped_by_oom && cx.phases.stretch_of(at) == last;
     for &bi in blocks {
         let b = &cx.replay.blocks[bi];
-        if b.alloc_event().is_some_and(in_flight) {
+        if in_flight.is_some() && b.alloc_event().map(|at| cx.phases.stretch_of(at)) == in_flight {
             continue;
         }
         let stack = dump_stack(cx, b);
