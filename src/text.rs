@@ -19,6 +19,16 @@ pub fn category_title(c: Category) -> &'static str {
     }
 }
 
+/// [`category_title`] for a device whose trace records allocations (`traced_allocations`) or
+/// none (no trace, or a ring of a few entries, as the legacy `_record_memory_history(True)`
+/// keeps): then every live block is pre-trace, leaks included, not only parameters and buffers.
+pub fn category_title_in(c: Category, traced_allocations: bool) -> &'static str {
+    match c {
+        Category::PreTrace if !traced_allocations => "pre-trace (all of it: the trace records no allocation)",
+        _ => category_title(c),
+    }
+}
+
 /// A suspect's site as the label suspects are matched by: [`Site::short`]
 /// (`path/last/parts.py:LINE (function)`), or `(no user frame)` without a site. `diff` matches the
 /// suspects of two files by kind and this label, `ranks` those of the ranks of a job, so that files

@@ -11,7 +11,7 @@ use crate::emit::{emit, shown_path};
 use crate::exit::Exit;
 use crate::json::{site_json, suspect_json};
 use crate::pipeline::{analyze_file, file_name, Analyzed};
-use crate::text::{category_title, fmt_bytes, since_start, trace_origin, wrap, wrap_width};
+use crate::text::{category_title_in, fmt_bytes, since_start, trace_origin, wrap, wrap_width};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -250,6 +250,8 @@ fn analysis_text(a: &Analyzed, top: usize, by: By) -> String {
         let r = a.replay.device(da.device);
         let _ = writeln!(s, "\nDEVICE {}", da.device);
         let origin = snap.trace(da.device).and_then(|t| trace_origin(&t.events));
+        let traced_allocations =
+            snap.trace(da.device).is_some_and(|t| t.events.iter().any(|e| e.action() == memsnap_model::Action::Alloc));
         if let Some(r) = r {
             let pk = r.peaks.allocated;
             let reserved = match crate::pipeline::reserved_known(snap, r.peaks.reserved.value) {
@@ -363,7 +365,7 @@ fn analysis_text(a: &Analyzed, top: usize, by: By) -> String {
                 .by_category
                 .iter()
                 .filter(|(_, b)| *b > 0)
-                .map(|(c, b)| format!("{} {}", category_title(*c), fmt_bytes(*b)))
+                .map(|(c, b)| format!("{} {}", category_title_in(*c, traced_allocations), fmt_bytes(*b)))
                 .chain(
                     crate::pipeline::reserved_known(snap, m.cached_free)
                         .map(|c| format!("cached free {}", fmt_bytes(c))),

@@ -398,6 +398,39 @@ fn a_trace_without_free_requested_says_so() {
     assert!(!caveats("dev/s01_clean_train.pickle.xz").contains("free_requested"));
 }
 
+/// The legacy `_record_memory_history(True)` records a ring of one entry (`keep1`): s01's is a
+/// `free_completed`, which proves nothing was skipped, and no allocation is in the trace, so all
+/// live memory is pre-trace, not "parameters, buffers". The same file with requests left out
+/// whole still says so, and so does its newest fifth, where allocations and completions of the
+/// same blocks lie inside the window.
+#[test]
+fn a_ring_of_one_entry_is_not_taken_for_skipped_actions() {
+    if std::process::Command::new("python3").arg("--version").output().is_err() {
+        println!("SKIPPED a_ring_of_one_entry_is_not_taken_for_skipped_actions: no python3 to rewrite the fixture");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let s01 = fixture("dev/s01_clean_train.pickle.xz");
+    for setting in ["keep1", "skip-free-requested", "skip-free-requested+last20"] {
+        let status = std::process::Command::new("python3")
+            .arg(fixture("gen/recording_settings.py"))
+            .arg(dir.path())
+            .arg(setting)
+            .arg(&s01)
+            .status()
+            .unwrap();
+        assert!(status.success(), "recording_settings.py {setting} failed");
+    }
+    let path = |setting: &str| dir.path().join(format!("s01_clean_train.{setting}.pickle"));
+    let caveats = |setting: &str| summary_json(&path(setting))["caveats"].to_string();
+    assert!(!caveats("keep1").contains("skip_actions"), "{}", caveats("keep1"));
+    assert!(caveats("skip-free-requested").contains("no free_requested entries"));
+    assert!(caveats("skip-free-requested+last20").contains("no free_requested entries"));
+    let text = memsnap(&["analyze", path("keep1").to_str().unwrap()]).stdout;
+    assert!(!text.contains("skip_actions"), "{text}");
+    assert!(text.contains("By category at end: pre-trace (all of it: the trace records no allocation)"), "{text}");
+}
+
 /// Pinned host memory (`host_segments`, `host_traces`: torch >= 2.14) is reported on its own and
 /// never mixed into a device total. g01 is the real f01 with host keys added in that shape
 /// (fixtures/gen/make_formats.py), so its device numbers are f01's.

@@ -86,6 +86,33 @@ pub struct TraceFacts {
     /// Events with a stack (frames, or a legacy history): none in a trace recorded without
     /// stacks or with `context="state"`.
     pub events_with_frames: u64,
+    /// Proven that `free_requested` entries were left out (`skip_actions`): none was recorded,
+    /// yet a `free_completed` follows an `alloc` of the same address, so its request lay
+    /// between them inside the recorded stretch. A short ring (the legacy
+    /// `_record_memory_history(True)` keeps one entry) can hold a completion without its
+    /// request and prove nothing.
+    pub free_requests_skipped: bool,
+    /// Proven that `alloc` entries were left out: none was recorded, yet one address is freed
+    /// twice (two requests or two completions), and a block must be allocated again before it
+    /// can be freed again.
+    pub allocs_skipped: bool,
+}
+
+impl TraceFacts {
+    /// Events of `action` counted.
+    pub fn count(&self, action: Action) -> u64 {
+        self.actions.iter().filter(|(a, _)| *a == action).map(|(_, c)| c).sum()
+    }
+
+    /// Completions and no request: `free_requested` left out, or a ring too short to hold one.
+    pub fn may_lack_requests(&self) -> bool {
+        self.count(Action::FreeRequested) == 0 && self.count(Action::FreeCompleted) > 0
+    }
+
+    /// Frees and no allocation: `alloc` left out, or a ring too short to hold one.
+    pub fn may_lack_allocs(&self) -> bool {
+        self.count(Action::Alloc) == 0 && self.count(Action::FreeCompleted) + self.count(Action::FreeRequested) > 0
+    }
 }
 
 impl DeviceTotals {
@@ -189,14 +216,52 @@ pub struct TraceTally {
     /// Addresses of `alloc` events (distinct: the caching allocator hands the same addresses
     /// out again and again, so there are far fewer than events).
     alloc_addresses: rustc_hash::FxHashSet<u64>,
+    skips: SkipEvidence,
+}
+
+/// What proves that a stretch of a trace was recorded with actions left out
+/// ([`TraceFacts::free_requests_skipped`], [`TraceFacts::allocs_skipped`]). A ring keeps its
+/// entries in order and without gaps, so an `alloc` and a later free of one address inside it
+/// have everything the allocator recorded between them inside it too.
+///
+/// Gathered only while it can matter: while the stretch has seen no `free_requested` (else
+/// requests were recorded) or no `alloc` (else allocations were). In a trace that records both
+/// it stops after each stretch's first few events.
+#[derive(Clone, Debug, Default)]
+struct SkipEvidence {
+    /// A completion of an address allocated earlier in the stretch, before any request.
+    completion_after_alloc: bool,
+    /// One address freed twice by the same action with no allocation of it in the stretch.
+    freed_twice: bool,
+    /// `(address, is_completion)` of the frees of addresses the stretch had not allocated
+    /// before them: what an earlier stretch's allocations or frees may match on merging.
+    unallocated_frees: rustc_hash::FxHashSet<(u64, bool)>,
+}
+
+impl SkipEvidence {
+    /// A free (a completion or a request) of `addr`, after a stretch that allocated
+    /// `allocated`. Whether requests or allocations were recorded after all is for
+    /// [`TraceTally::facts`] to weigh, with the whole trace's counts.
+    fn note_free(&mut self, allocated: &rustc_hash::FxHashSet<u64>, addr: u64, completion: bool) {
+        if allocated.contains(&addr) {
+            self.completion_after_alloc |= completion;
+        } else if !self.unallocated_frees.insert((addr, completion)) {
+            self.freed_twice = true;
+        }
+    }
 }
 
 impl TraceTally {
     #[inline]
     pub fn add(&mut self, e: &TraceEvent) {
         self.count(e);
-        if e.action() == Action::Alloc {
+        let action = e.action();
+        if action == Action::Alloc {
             self.alloc_addresses.insert(e.addr);
+        } else if matches!(action, Action::FreeRequested | Action::FreeCompleted)
+            && (self.counts[action_index(Action::FreeRequested)] == 0 || self.counts[action_index(Action::Alloc)] == 0)
+        {
+            self.skips.note_free(&self.alloc_addresses, e.addr, action == Action::FreeCompleted);
         }
     }
 
@@ -234,6 +299,13 @@ impl TraceTally {
         }
         self.events_without_time += later.events_without_time;
         self.events_with_frames += later.events_with_frames;
+        // The later stretch's frees of addresses it had not allocated, matched against these
+        // events (what they allocated, what they freed unallocated).
+        for &(addr, completion) in &later.skips.unallocated_frees {
+            self.skips.note_free(&self.alloc_addresses, addr, completion);
+        }
+        self.skips.completion_after_alloc |= later.skips.completion_after_alloc;
+        self.skips.freed_twice |= later.skips.freed_twice;
         self.alloc_addresses.extend(&later.alloc_addresses);
     }
 
@@ -249,7 +321,7 @@ impl TraceTally {
 
     /// Approximate bytes held (for a reader's object budget).
     pub fn retained_bytes(&self) -> u64 {
-        200 + self.alloc_addresses.capacity() as u64 * 9
+        200 + self.alloc_addresses.capacity() as u64 * 9 + self.skips.unallocated_frees.capacity() as u64 * 17
     }
 
     pub fn facts(&self, device: u32) -> TraceFacts {
@@ -263,6 +335,9 @@ impl TraceTally {
             actions: ALL_ACTIONS.iter().map(|&a| (a, self.counts[action_index(a)])).filter(|(_, c)| *c > 0).collect(),
             events_without_time: self.events_without_time,
             events_with_frames: self.events_with_frames,
+            free_requests_skipped: self.counts[action_index(Action::FreeRequested)] == 0
+                && self.skips.completion_after_alloc,
+            allocs_skipped: self.counts[action_index(Action::Alloc)] == 0 && self.skips.freed_twice,
         }
     }
 
@@ -280,18 +355,28 @@ impl DeviceTrace {
         match &self.summary {
             Some(s) => s.facts.clone(),
             // Counted in parallel runs merged in order (the merge keeps first and last).
-            None => self
-                .events
-                .par_iter()
-                .fold(TraceTally::default, |mut t, e| {
-                    t.count(e);
-                    t
-                })
-                .reduce(TraceTally::default, |mut a, b| {
-                    a.merge(&b);
-                    a
-                })
-                .facts(self.device),
+            None => {
+                let facts = self
+                    .events
+                    .par_iter()
+                    .fold(TraceTally::default, |mut t, e| {
+                        t.count(e);
+                        t
+                    })
+                    .reduce(TraceTally::default, |mut a, b| {
+                        a.merge(&b);
+                        a
+                    })
+                    .facts(self.device);
+                if facts.may_lack_requests() || facts.may_lack_allocs() {
+                    // Whether actions were left out needs the addresses: one more pass, only
+                    // over a trace that has no requests or no allocations at all.
+                    let mut tally = TraceTally::default();
+                    self.events.iter().for_each(|e| tally.add(e));
+                    return tally.facts(self.device);
+                }
+                facts
+            }
         }
     }
 
@@ -347,4 +432,50 @@ impl DeviceTrace {
 
 fn action_index(a: Action) -> usize {
     a as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Action::{Alloc, FreeCompleted, FreeRequested};
+
+    fn tally(events: &[(Action, u64)]) -> TraceTally {
+        let mut t = TraceTally::default();
+        events.iter().for_each(|&(a, addr)| t.add(&TraceEvent::new(a, addr)));
+        t
+    }
+
+    /// (free_requests_skipped, allocs_skipped) of `events` read whole, and read as two
+    /// stretches merged at every split point, as the parallel reader merges its chunks.
+    fn proofs(events: &[(Action, u64)]) -> (bool, bool) {
+        let f = tally(events).facts(0);
+        let whole = (f.free_requests_skipped, f.allocs_skipped);
+        for cut in 0..=events.len() {
+            let mut first = tally(&events[..cut]);
+            first.merge(&tally(&events[cut..]));
+            let m = first.facts(0);
+            assert_eq!((m.free_requests_skipped, m.allocs_skipped), whole, "split at {cut} of {events:?}");
+        }
+        whole
+    }
+
+    #[test]
+    fn skipped_actions_are_proven_only_by_the_order_of_one_address() {
+        // A ring of one completion: nothing proven.
+        assert_eq!(proofs(&[(FreeCompleted, 1)]), (false, false));
+        // Completions of blocks allocated before the window, then an allocation: nothing.
+        assert_eq!(proofs(&[(FreeCompleted, 1), (FreeCompleted, 2), (Alloc, 3)]), (false, false));
+        // An allocation and a later completion of it with no request between: requests skipped.
+        assert_eq!(proofs(&[(FreeCompleted, 9), (Alloc, 1), (Alloc, 2), (FreeCompleted, 1)]), (true, false));
+        // The same with the request recorded: nothing skipped.
+        assert_eq!(proofs(&[(Alloc, 1), (FreeRequested, 1), (FreeCompleted, 1)]), (false, false));
+        // No allocation, one address freed twice: allocations skipped.
+        assert_eq!(proofs(&[(FreeRequested, 1), (FreeRequested, 2), (FreeRequested, 1)]), (false, true));
+        // Freed, allocated again, freed again: nothing skipped.
+        assert_eq!(proofs(&[(FreeCompleted, 1), (Alloc, 1), (FreeCompleted, 1)]), (true, false));
+        assert_eq!(
+            proofs(&[(FreeRequested, 1), (FreeCompleted, 1), (Alloc, 1), (FreeRequested, 1), (FreeCompleted, 1)]),
+            (false, false)
+        );
+    }
 }
