@@ -1281,3 +1281,47 @@ fn a_hook_run_by_the_engine_does_not_end_the_backward_pass() {
         "{phases}"
     );
 }
+
+/// An evaluation run by a thread the program started (ab09: a `threading.Thread` worker under
+/// `no_grad`; ab11: a `ThreadPoolExecutor`'s) interleaves its model calls with the training
+/// step's events in one trace. They are the worker's, not passes of the loop: before, they cut
+/// the training passes and backwards apart and ab09 read as `no_grad_missing` and
+/// `retained_graph` at the training line. A worker that keeps its logits (ab10) is named at its
+/// model call, with the worker's own words.
+#[test]
+fn a_worker_threads_model_calls_are_not_passes_of_the_training_loop() {
+    for clean in ["ab09_", "ab11_"] {
+        let out = analyze(&fixture_with_prefix("extra32", clean));
+        assert!(suspects(&out).is_empty(), "{clean}:{}", describe(&out));
+    }
+    let path = fixture_with_prefix("extra32", "ab10_");
+    let out = analyze(&path);
+    assert_eq!(suspects(&out).len(), 1, "ab10:{}", describe(&out));
+    let leak = the_one_leak(&out, &format!("{}.py", stem(&path)), 37);
+    assert_eq!(leak["facts"]["origin"], "worker_thread", "{}", describe(&out));
+}
+
+/// `torch.func.grad` runs `autograd.grad(create_graph=True)` and lets the graph go as the
+/// transform returns, from its own frames: those frees are its backward's, so a functional
+/// training loop (ab01) keeps no graph, and one that keeps every step's weight dict (ab02) is
+/// named at the update line as a kept tensor, not as kept graphs.
+#[test]
+fn a_torch_func_transform_frees_its_graph_within_its_backward() {
+    let out = analyze(&fixture_with_prefix("extra32", "ab01_"));
+    assert!(suspects(&out).is_empty(), "ab01:{}", describe(&out));
+    let path = fixture_with_prefix("extra32", "ab02_");
+    let out = analyze(&path);
+    assert!(of_kind(&out, "retained_graph").is_empty(), "ab02:{}", describe(&out));
+    the_one_leak(&out, &format!("{}.py", stem(&path)), 40);
+}
+
+/// A new `torch.cuda.Stream()` each step (ab05): cuBLAS makes a workspace on every stream of
+/// the pool it first runs a matmul on and keeps it, 96 blocks on 32 streams, held by no
+/// reference. Said as a device caveat, not a leak (before: two reference_leaks, 2 GiB).
+#[test]
+fn a_workspace_per_side_stream_is_a_caveat_not_a_leak() {
+    let out = analyze(&fixture_with_prefix("extra32", "ab05_"));
+    assert!(suspects(&out).is_empty(), "ab05:{}", describe(&out));
+    let caveats = out["devices"][0]["caveats"].to_string();
+    assert!(caveats.contains("96 blocks (2.03 GiB) on 32 side streams"), "{caveats}");
+}

@@ -159,6 +159,9 @@ pub enum LeakOrigin {
     /// `torch.func.grad`), not of any parameter's size: what it returned (gradients with respect
     /// to inputs or activations, per-example gradients from `vmap`), kept by the caller.
     GradResults,
+    /// Tensors made by a thread the program started (`threading.Thread`, a thread pool's
+    /// worker) beside the main loop, kept by a reference.
+    WorkerThread,
     /// Parameters and buffers of models built at one line round after round (a sweep, k-fold,
     /// an ensemble trained one member at a time), every one still allocated: each model built is
     /// kept, not only the one the loop variable holds.

@@ -398,7 +398,7 @@ fn analyze_device(
             let grad_sizes = gradient_sizes(stacks, &d.blocks, &param_sizes);
             (peak_and_end(&grad_sizes), (param_sizes, grad_sizes))
         },
-        || lifecycle::lifecycle(events, stacks, &phases, d, thresholds),
+        || lifecycle::lifecycle(events, &snap.contexts, stacks, &phases, d, thresholds),
     );
     let mut caveats = Vec::new();
     if events.is_empty() {
@@ -426,6 +426,16 @@ fn analyze_device(
             } else {
                 "no stacks recorded: allocations cannot be attributed to lines of code".to_string()
             });
+        }
+        let (state_blocks, state_bytes, streams) =
+            lifecycle::per_stream_state_totals(&lifecycle, events, &snap.contexts, d);
+        if state_blocks > 0 {
+            caveats.push(format!(
+                "{} ({}) on {} look like a library's workspace made once per stream and kept by the library, not by a reference (cuBLAS keeps one per stream it runs a matmul on); not counted as a leak. If the program takes a new `torch.cuda.Stream()` each step (a pool of 32, handed out in turn), each stream gets one: make the streams once, before the loop",
+                memsnap_model::count_of(state_blocks, "block"),
+                memsnap_model::format_bytes(state_bytes, 2),
+                memsnap_model::count_of(streams as u64, "side stream")
+            ));
         }
         if phases.boundaries.len() < 2 {
             caveats.push("no repeating iterations found (no repeated backward or forward call): growth per iteration cannot be measured".to_string());

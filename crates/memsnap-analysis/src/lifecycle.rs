@@ -20,7 +20,7 @@
 //!
 //! "Grad was on" is read from the pass itself: how many of its blocks outlived it.
 
-use memsnap_model::{Action, FrameId, TraceEvent};
+use memsnap_model::{Action, EventContext, FrameId, TraceEvent};
 use memsnap_replay::DeviceReplay;
 use rayon::prelude::*;
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -112,7 +112,10 @@ pub struct Lifecycle {
     /// not one: what a line keeps round after round can differ in size every time (tensors of
     /// a varying number of rows, such as a mixture of experts' per-expert outputs, and blocks
     /// the allocator did not split, whose size depends on the free block they came from).
+    /// Also a library's state made once per side stream ([`Lifecycle::per_stream_state`]).
     pub one_off: Vec<usize>,
+    /// A library's state made once per side stream, ascending (see [`per_stream_state`]).
+    pub per_stream_state: Vec<usize>,
     /// Whether each block of `DeviceReplay::blocks` lives in a private pool (see
     /// [`Lifecycle::in_private_pool`]).
     pub private: Vec<bool>,
@@ -202,6 +205,7 @@ impl Lifecycle {
 /// Build the lifecycle of one device's forward passes.
 pub fn lifecycle(
     events: &[TraceEvent],
+    contexts: &[EventContext],
     stacks: &StackTable,
     phases: &Phases,
     d: &DeviceReplay,
@@ -321,6 +325,11 @@ pub fn lifecycle(
                 .then_some(bi)
         })
         .collect();
+    let per_stream_state = per_stream_state(events, contexts, d);
+    let mut one_off = one_off;
+    one_off.extend(&per_stream_state);
+    one_off.sort_unstable();
+    one_off.dedup();
     // Lines that make a pass's inputs: those allocating in the gap before a pass (after a
     // backward, or before the first pass). When the same line allocates again right after a
     // pass, it is making the next pass's inputs, not computing on this pass's result.
@@ -333,7 +342,7 @@ pub fn lifecycle(
         .fold(FxHashSet::default, |mut set, (a, s)| {
             let info = stacks.get(s);
             let maker = info.python && !info.forward && !info.optimizer && !info.backward_launch && !info.recompute;
-            if maker && !set.contains(&s) && unit_at(a).is_none() && next_unit(a).is_some() {
+            if maker && !set.contains(&s) && !phases.on_worker(a) && unit_at(a).is_none() && next_unit(a).is_some() {
                 set.insert(s);
             }
             set
@@ -359,7 +368,11 @@ pub fn lifecycle(
         .iter()
         .map(|bw| {
             let closer = events.get(bw.span.end as usize).map(|e| stacks.get(e.stack));
-            if !phases.free_stacks_from_alloc || closer.is_some_and(|c| c.site.is_none()) {
+            // A backward a `torch.func` transform runs (`grad`, `jacrev`) frees the graph when the
+            // transform returns, after its last allocation and before the program's next one
+            // (ab01 recorded with `context="alloc"`): all its window's frees are its own.
+            let in_transform = events.get(bw.span.start as usize).is_some_and(|e| stacks.get(e.stack).under_transform);
+            if !phases.free_stacks_from_alloc || in_transform || closer.is_some_and(|c| c.site.is_none()) {
                 return bw.span.end;
             }
             let span = &events[bw.span.start as usize..bw.span.end as usize];
@@ -379,7 +392,13 @@ pub fn lifecycle(
             let a = b.alloc_event()?;
             let stack = b.stack;
             let info = stacks.get(stack);
-            if !info.python || info.recompute || info.backward_launch || info.optimizer || private[bi] {
+            if !info.python
+                || info.recompute
+                || info.backward_launch
+                || info.optimizer
+                || private[bi]
+                || phases.on_worker(a)
+            {
                 return None;
             }
             if one_off.binary_search(&bi).is_ok() {
@@ -553,7 +572,7 @@ pub fn lifecycle(
                 .collect()
         })
         .collect();
-    Lifecycle { units, blocks, unit_of_block, one_off, private }
+    Lifecycle { units, blocks, unit_of_block, one_off, per_stream_state, private }
 }
 
 /// Mark unconsumed grad-on units that feed a retaining backward together with the pass right
@@ -695,4 +714,71 @@ fn private_pool_blocks(d: &DeviceReplay) -> Vec<bool> {
             k > 0 && b.address < ranges[k - 1].1
         })
         .collect()
+}
+
+/// The blocks of a library's state made once per side stream, ascending. cuBLAS keeps a
+/// workspace per (handle, stream) pair, made through the caching allocator by the first matmul
+/// on that stream, after the operation's output, and never freed
+/// (`torch._C._cuda_clearCublasWorkspaces()` aside); cuBLASLt does the same. A loop that takes
+/// `torch.cuda.Stream()` anew each step (a pool of 32 streams per priority, handed out in turn)
+/// so makes one workspace per stream until every stream of the pool has one: memory that steps
+/// up at the matmul line for 32 steps and then stays (ab05: 33 MiB per step on an H100), held by
+/// no reference. Such a block is kept, lies on a side stream (the default stream's is the
+/// ordinary one-off), is the only block of its stack and size on its stream, follows an
+/// allocation of the same operation (same stack, same stream) with nothing allocated between,
+/// and has a like block (same stack and size) on another side stream.
+fn per_stream_state(events: &[TraceEvent], contexts: &[EventContext], d: &DeviceReplay) -> Vec<usize> {
+    let stream = |e: &TraceEvent| contexts.get(e.context().0 as usize).map_or(0, |c| c.stream);
+    let mut state = Vec::new();
+    // Without stacks on the events (`context="state"`) "the same operation" cannot be told: any
+    // allocation on the stream would do, and a kept output would pass for a workspace.
+    if contexts.iter().all(|c| c.stream == 0) || events.iter().all(|e| e.stack == memsnap_model::StackId::EMPTY) {
+        return state;
+    }
+    let side = |a: u32| stream(&events[a as usize]) != 0;
+    let mut count: FxHashMap<(memsnap_model::StackId, u64, u64), u32> = FxHashMap::default();
+    for b in &d.blocks {
+        if let Some(a) = b.alloc_event().filter(|&a| side(a)) {
+            *count.entry((b.stack, b.size, stream(&events[a as usize]))).or_default() += 1;
+        }
+    }
+    let after_same_op = |a: u32| {
+        let e = &events[a as usize];
+        events[..a as usize]
+            .iter()
+            .rev()
+            .find(|p| !matches!(p.action(), Action::SegmentAlloc | Action::SegmentMap))
+            .is_some_and(|p| p.action() == Action::Alloc && p.stack == e.stack && stream(p) == stream(e))
+    };
+    for (bi, b) in d.blocks.iter().enumerate() {
+        let Some(a) = b.alloc_event().filter(|&a| b.freed_at().is_none() && side(a)) else { continue };
+        if count.get(&(b.stack, b.size, stream(&events[a as usize]))) == Some(&1) && after_same_op(a) {
+            state.push(bi);
+        }
+    }
+    // Per stream: the same operation's block on two side streams at least (one side stream's
+    // first matmul is the ordinary one-off; a block the optimizer made once is its state).
+    let mut streams_of: FxHashMap<(memsnap_model::StackId, u64), u32> = FxHashMap::default();
+    for &bi in &state {
+        *streams_of.entry((d.blocks[bi].stack, d.blocks[bi].size)).or_default() += 1;
+    }
+    state.retain(|&bi| streams_of[&(d.blocks[bi].stack, d.blocks[bi].size)] >= 2);
+    state
+}
+
+/// What [`Lifecycle::per_stream_state`] holds: (blocks, bytes, side streams).
+pub fn per_stream_state_totals(
+    lc: &Lifecycle,
+    events: &[TraceEvent],
+    contexts: &[EventContext],
+    d: &DeviceReplay,
+) -> (u64, u64, usize) {
+    let streams: FxHashSet<u64> = lc
+        .per_stream_state
+        .iter()
+        .filter_map(|&bi| d.blocks[bi].alloc_event())
+        .map(|a| contexts.get(events[a as usize].context().0 as usize).map_or(0, |c| c.stream))
+        .collect();
+    let bytes = lc.per_stream_state.iter().map(|&bi| d.blocks[bi].size).sum();
+    (lc.per_stream_state.len() as u64, bytes, streams.len())
 }

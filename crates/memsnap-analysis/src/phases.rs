@@ -71,6 +71,17 @@ pub struct Phases {
     /// Optimizer steps: runs of events inside `torch.optim`.
     pub optimizer_steps: Vec<Span>,
     pub event_count: u32,
+    /// Events (sorted) run by threads the program started ([`StackInfo::worker_thread`]) while
+    /// another thread, the one the script runs in, drives the passes: an evaluation worker's
+    /// model calls, interleaved with the training step's events. They open and close no window
+    /// of the main thread's, belong to none of its passes or backwards, and are read as code
+    /// outside any model call. Empty when no thread started from Python allocated, or when the
+    /// passes are the started threads' (the script's thread records no Python-framed event, or
+    /// only a started thread launches backward passes: the training loop itself runs in a
+    /// thread, as Ray Train runs the user's function).
+    ///
+    /// [`StackInfo::worker_thread`]: crate::stacks::StackInfo::worker_thread
+    pub worker_events: Vec<u32>,
     /// The free events carry their block's *allocation* stack, not the stack of the code that
     /// freed it (`_record_memory_history(context="alloc")`; see [`free_stacks_are_alloc_stacks`]).
     /// Their frames then say nothing about where the program was when the block was freed.
@@ -78,19 +89,32 @@ pub struct Phases {
 }
 
 impl Phases {
+    /// Is event `i` one of [`Phases::worker_events`]?
+    pub fn on_worker(&self, i: u32) -> bool {
+        !self.worker_events.is_empty() && self.worker_events.binary_search(&i).is_ok()
+    }
+
     /// The backward pass containing event `i`.
     pub fn backward_at(&self, i: u32) -> Option<&Backward> {
         self.backward_index_at(i).map(|k| &self.backwards[k])
     }
 
-    /// Index (into [`Phases::backwards`]) of the backward pass containing event `i`.
+    /// Index (into [`Phases::backwards`]) of the backward pass containing event `i` (none for
+    /// a worker thread's event).
     pub fn backward_index_at(&self, i: u32) -> Option<usize> {
+        if self.on_worker(i) {
+            return None;
+        }
         let k = self.backwards.partition_point(|b| b.span.start <= i);
         (k > 0 && self.backwards[k - 1].span.contains(i)).then(|| k - 1)
     }
 
-    /// The forward pass containing event `i`, with its index into [`Phases::forwards`].
+    /// The forward pass containing event `i`, with its index into [`Phases::forwards`] (none
+    /// for a worker thread's event).
     pub fn forward_at(&self, i: u32) -> Option<(usize, &ForwardPass)> {
+        if self.on_worker(i) {
+            return None;
+        }
         let k = self.forwards.partition_point(|f| f.span.start <= i);
         (k > 0).then(|| (k - 1, &self.forwards[k - 1])).filter(|(_, f)| f.span.contains(i))
     }
@@ -133,6 +157,7 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
     let free_stacks_from_alloc = free_stacks_are_alloc_stacks(events);
     // With `free_stacks_from_alloc`: the addresses the open forward pass allocated.
     let mut open_forward_blocks: rustc_hash::FxHashSet<u64> = Default::default();
+    let worker_events = worker_events(events, stacks);
 
     for (i, e) in events.iter().enumerate() {
         let i = i as u32;
@@ -158,9 +183,18 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
             continue;
         }
         let info = stacks.get(e.stack);
+        if info.worker_thread && !worker_events.is_empty() {
+            // Another thread's: it neither continues nor ends the main thread's windows.
+            continue;
+        }
         if !info.python || info.recompute {
             // Frameless (or native-only) events belong to whatever window is open, and so do
             // checkpoint recomputations, which the engine runs inside a backward pass.
+            continue;
+        }
+        if info.transform_code && open_backward.is_some() {
+            // A `torch.func` transform letting go of the graph its backward kept: part of that
+            // backward, as a plain `.backward()` frees the saved tensors inside its window.
             continue;
         }
         if info.native_callback {
@@ -279,6 +313,7 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
         eval_windows,
         optimizer_steps,
         event_count: n,
+        worker_events,
         free_stacks_from_alloc,
     };
     if let Some(line) = iteration_backward_line(events, &phases.backwards, &phases.optimizer_steps) {
@@ -328,6 +363,29 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
         phases.iteration_annotation = Some(name);
     }
     phases
+}
+
+/// [`Phases::worker_events`]: the events of threads started from Python, unless the passes are
+/// theirs: the script's own thread records no Python-framed event, or launches no backward
+/// while a started thread does (a training function run in a thread, as Ray Train runs it).
+fn worker_events(events: &[TraceEvent], stacks: &StackTable) -> Vec<u32> {
+    let (mut main, mut main_launches, mut worker_launches) = (0usize, 0usize, 0usize);
+    let mut worker = Vec::new();
+    for (i, e) in events.iter().enumerate() {
+        let info = stacks.get(e.stack);
+        let launch = usize::from(info.backward_launch && e.action() == Action::Alloc);
+        if info.worker_thread {
+            worker.push(i as u32);
+            worker_launches += launch;
+        } else if info.python {
+            main += 1;
+            main_launches += launch;
+        }
+    }
+    if main == 0 || main_launches == 0 && worker_launches > 0 {
+        worker.clear();
+    }
+    worker
 }
 
 /// Backward passes launched from another device's trace (a model split over GPUs): this device

@@ -82,6 +82,21 @@ pub struct StackInfo {
     /// (FSDP's pre- and post-backward hooks) are left as they were: they end the window, and
     /// what FSDP frees in them is its resharding, not the backward freeing a pass (l02).
     pub native_callback: bool,
+    /// Run by a thread the program started (`threading.Thread`, a `concurrent.futures` pool):
+    /// the outermost Python frame is `threading.py`'s bootstrap. Such a thread (an evaluation
+    /// worker, a prefetcher) runs beside the training loop, its events interleaved with the
+    /// loop's in one trace ([`crate::phases::Phases::worker_events`]).
+    pub worker_thread: bool,
+    /// A `torch.func` transform's own code with no user code inside it: the innermost Python
+    /// frame is under `torch/_functorch/` (`grad_and_value_impl`, `vjp`, `vmap`'s wrappers).
+    /// `torch.func.grad` computes its gradients with `torch.autograd.grad(create_graph=True)`,
+    /// so the backward frees none of the graph's saved tensors; the transform releases the
+    /// graph when it returns, from these frames, still inside the user's call (ab01: the saved
+    /// tensors of each step's functional forward freed right after its backward window).
+    pub transform_code: bool,
+    /// Run under a `torch.func` transform: some Python frame lies under `torch/_functorch/`
+    /// (`transform_code` is the case where the innermost one does).
+    pub under_transform: bool,
     /// Inside `torch/optim/lbfgs.py`: L-BFGS keeps the last `history_size` (100 by default)
     /// pairs of update directions, each a flat tensor the size of all parameters, so its state
     /// grows each step until it holds that many, then drops the oldest: bounded by design.
@@ -242,6 +257,7 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], forward_callers: &FxHashSet<FrameI
         }
         let checkpoint = file.ends_with("torch/utils/checkpoint.py");
         s.checkpointed |= checkpoint;
+        s.under_transform |= file.contains("torch/_functorch/");
         if checkpoint
             || file.contains("torch/autograd/")
             || file.contains("torch/_functorch/")
@@ -289,6 +305,9 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], forward_callers: &FxHashSet<FrameI
             s.loss = true;
         }
     }
+    s.worker_thread = outermost_python.is_some_and(|(_, file, _)| file.ends_with("/threading.py"));
+    s.transform_code =
+        s.innermost_python.is_some_and(|f| snap.str(snap.frame(f).filename).contains("torch/_functorch/"));
     s.native_callback = outermost_python.is_some_and(|(kind, file, name)| {
         kind == FrameKind::User && name != "<module>" || file.ends_with("torch/utils/hooks.py")
     });

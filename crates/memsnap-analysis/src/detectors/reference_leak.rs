@@ -48,6 +48,7 @@ enum Origin {
     Backward,
     Optimizer,
     Construction,
+    Worker,
 }
 
 impl Origin {
@@ -62,6 +63,7 @@ impl Origin {
             Origin::User => Some(LeakOrigin::UserCode),
             Origin::Backward => Some(LeakOrigin::Backward),
             Origin::Construction => Some(LeakOrigin::ModelsKept),
+            Origin::Worker => Some(LeakOrigin::WorkerThread),
             Origin::Optimizer => None,
         }
     }
@@ -332,6 +334,11 @@ impl Detector for ReferenceLeak {
                 let stack = cx.event_stack(b);
                 let info = cx.stacks.get(stack);
                 let key = match cx.attr(b) {
+                    // A thread the program started (an evaluation worker): a model output it
+                    // made is placed at the worker's model call, anything else at its line.
+                    Attr::Site(s) if b.alloc_event().is_some_and(|a| cx.phases.on_worker(a)) => {
+                        Key::Line(info.forward_call.or(Some(s)), Origin::Worker)
+                    }
                     Attr::Backward(line) if !gradient_lines.contains(&line) => {
                         if legitimately_kept(bi) {
                             return groups;
