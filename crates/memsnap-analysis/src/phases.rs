@@ -369,6 +369,9 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
 /// theirs: the script's own thread records no Python-framed event, or launches no backward
 /// while a started thread does (a training function run in a thread, as Ray Train runs it).
 fn worker_events(events: &[TraceEvent], stacks: &StackTable) -> Vec<u32> {
+    if !stacks.infos.iter().any(|i| i.worker_thread) {
+        return Vec::new();
+    }
     let (mut main, mut main_launches, mut worker_launches) = (0usize, 0usize, 0usize);
     let mut worker = Vec::new();
     for (i, e) in events.iter().enumerate() {
