@@ -1342,3 +1342,17 @@ fn a_workspace_per_side_stream_is_a_caveat_not_a_leak() {
     let caveats = out["devices"][0]["caveats"].to_string();
     assert!(caveats.contains("96 blocks (2.03 GiB) on 32 side streams"), "{caveats}");
 }
+
+/// FGSM's perturbation leaves (`torch.zeros_like(x, requires_grad=True)`) kept every step
+/// (ab08): the leaf is named at its line, and the `.grad` the backward gave each one (of its
+/// size, alive as long as it) at the backward's line, with the leaf's words, not a hook's.
+#[test]
+fn a_kept_leaf_keeps_its_grad_and_says_so() {
+    let path = fixture_with_prefix("extra32", "ab08_");
+    let script = format!("{}.py", stem(&path));
+    let out = analyze(&path);
+    let leaks = of_kind(&out, "reference_leak");
+    let origin_at = |line: u64| leaks.iter().find(|s| at(s, &script, line)).map(|s| s["facts"]["origin"].clone());
+    assert_eq!(origin_at(26), Some(Value::from("user_code")), "{}", describe(&out));
+    assert_eq!(origin_at(27), Some(Value::from("leaf_gradients")), "{}", describe(&out));
+}

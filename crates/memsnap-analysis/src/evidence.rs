@@ -159,6 +159,9 @@ pub enum LeakOrigin {
     /// `torch.func.grad`), not of any parameter's size: what it returned (gradients with respect
     /// to inputs or activations, per-example gradients from `vmap`), kept by the caller.
     GradResults,
+    /// The `.grad` of leaves the user's code made with `requires_grad` and keeps: the backward
+    /// gives each leaf a gradient of its size, which lives as long as the leaf.
+    LeafGradients,
     /// Tensors made by a thread the program started (`threading.Thread`, a thread pool's
     /// worker) beside the main loop, kept by a reference.
     WorkerThread,

@@ -493,6 +493,39 @@ impl Detector for ReferenceLeak {
             }
         }
         out.extend(regrown(cx, &reported));
+        // Kept blocks the user's code made, by (iteration, size), with their allocations: a
+        // leaf made with `requires_grad` and kept (FGSM's `delta`, a gradient-penalty `xhat`).
+        let mut user_kept: FxHashMap<u64, Vec<u32>> = FxHashMap::default();
+        for (key, g) in &groups {
+            if matches!(key, Key::Line(_, Origin::User)) {
+                for &bi in &g.blocks {
+                    let b = &cx.replay.blocks[bi];
+                    if let Some(a) = b.alloc_event() {
+                        user_kept.entry(b.size).or_default().push(a);
+                    }
+                }
+            }
+        }
+        // The engine's kept blocks are kept leaves' `.grad`s: AccumulateGrad gives a leaf a
+        // gradient of its own size in the backward, and it lives as long as the leaf. In every
+        // iteration the group kept something, a kept block pairs with a kept block of its size
+        // that the user's code made before it, since the start of the iteration before (a
+        // leaf made for the pass before the model is called falls in the previous iteration,
+        // which starts at the pass: ab08's `delta`). A one-off block beside them, such as the
+        // first backward's cuBLAS workspace, pairs with nothing.
+        let leaf_gradients = |g: &Group| {
+            let paired: BTreeSet<usize> = g
+                .blocks
+                .iter()
+                .filter_map(|&bi| {
+                    let b = &cx.replay.blocks[bi];
+                    let (it, a) = (cx.iteration_of(b)?, b.alloc_event()?);
+                    let since = it.checked_sub(1).and_then(|p| cx.phases.boundaries.get(p)).copied().unwrap_or(0);
+                    user_kept.get(&b.size).is_some_and(|made| made.iter().any(|&m| since <= m && m < a)).then_some(it)
+                })
+                .collect();
+            !g.kept.is_empty() && g.kept.iter().all(|it| paired.contains(it))
+        };
         for (key, g) in groups {
             if !grows(&key, &g) {
                 continue;
@@ -505,6 +538,7 @@ impl Detector for ReferenceLeak {
                         Some(LeakOrigin::Backward) if cx.stacks.get(cx.backward_stack(l)).grad_call => {
                             LeakOrigin::GradResults
                         }
+                        Some(LeakOrigin::Backward) if leaf_gradients(&g) => LeakOrigin::LeafGradients,
                         Some(origin) => origin,
                         None if cx.stacks.get(g.largest.1).lbfgs => LeakOrigin::OptimizerHistory,
                         None if orphaned.contains_key(&key) => LeakOrigin::OptimizerStateOrphaned,
@@ -583,7 +617,9 @@ impl Detector for ReferenceLeak {
                 bytes: None,
                 site: line.map(|f| cx.site(f)),
                 stack: match origin {
-                    LeakOrigin::Backward | LeakOrigin::GradResults => cx.backward_stack(line),
+                    LeakOrigin::Backward | LeakOrigin::GradResults | LeakOrigin::LeafGradients => {
+                        cx.backward_stack(line)
+                    }
                     _ => g.largest.1,
                 },
                 facts: Evidence::ReferenceLeak {
