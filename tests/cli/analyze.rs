@@ -1306,9 +1306,20 @@ fn a_worker_threads_model_calls_are_not_passes_of_the_training_loop() {
 
 /// A training loop run whole in a thread (as Ray Train runs the user's function): its passes
 /// and backwards are the program's, not a worker's beside them. ab19 is clean; ab18's kept
-/// logits are a trained pass's outputs at its model call.
+/// logits are a trained pass's outputs at its model call. So are a server's `generate` calls
+/// run in a thread per request while the script's thread runs no model (ab20 clean; ab21 keeps
+/// every request's scores, named at the `generate` call, which read as nothing while the
+/// thread's calls were not passes).
 #[test]
-fn a_training_loop_run_in_a_thread_keeps_its_passes() {
+fn passes_run_only_by_a_started_thread_stay_the_programs() {
+    let clean = analyze(&fixture_with_prefix("extra32", "ab20_"));
+    assert!(suspects(&clean).is_empty(), "ab20:{}", describe(&clean));
+    let path = fixture_with_prefix("extra32", "ab21_");
+    let out = analyze(&path);
+    let leak = the_one_leak(&out, &format!("{}.py", stem(&path)), 24);
+    assert_eq!(leak["facts"]["origin"], "no_grad_forward", "{}", describe(&out));
+    assert_eq!(suspects(&out).len(), 1, "ab21:{}", describe(&out));
+
     let clean = analyze(&fixture_with_prefix("extra32", "ab19_"));
     assert!(suspects(&clean).is_empty(), "ab19:{}", describe(&clean));
     assert_eq!(clean["devices"][0]["phases"]["backward_passes"].as_u64(), Some(20), "{}", describe(&clean));

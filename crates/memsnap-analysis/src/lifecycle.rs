@@ -722,7 +722,8 @@ fn private_pool_blocks(d: &DeviceReplay) -> Vec<bool> {
 /// (`torch._C._cuda_clearCublasWorkspaces()` aside); cuBLASLt does the same. A loop that takes
 /// `torch.cuda.Stream()` anew each step (a pool of 32 streams per priority, handed out in turn)
 /// so makes one workspace per stream until every stream of the pool has one: memory that steps
-/// up at the matmul line for 32 steps and then stays (ab05: 33 MiB per step on an H100), held by
+/// up at the matmul lines for 32 steps and then stays (ab05 on an H100: 65 MiB per step, the
+/// forward's cuBLAS and cuBLASLt workspaces, 32 and 1 MiB, and the backward's 32 MiB), held by
 /// no reference. Such a block is kept, lies on a side stream (the default stream's is the
 /// ordinary one-off), is the only block of its stack and size on its stream, follows an
 /// allocation of the same operation (same stack, same stream) with nothing allocated between,

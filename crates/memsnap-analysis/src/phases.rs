@@ -77,8 +77,9 @@ pub struct Phases {
     /// of the main thread's, belong to none of its passes or backwards, and are read as code
     /// outside any model call. Empty when no thread started from Python allocated, or when the
     /// passes are the started threads' (the script's thread records no Python-framed event, or
-    /// only a started thread launches backward passes: the training loop itself runs in a
-    /// thread, as Ray Train runs the user's function).
+    /// only a started thread runs model calls or launches backward passes: the training loop
+    /// itself runs in a thread, as Ray Train runs the user's function, or a server runs each
+    /// request's `generate` in one).
     ///
     /// [`StackInfo::worker_thread`]: crate::stacks::StackInfo::worker_thread
     pub worker_events: Vec<u32>,
@@ -366,29 +367,36 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
 }
 
 /// [`Phases::worker_events`]: the events of threads started from Python, unless the passes are
-/// theirs: the script's own thread records no Python-framed event, or launches no backward
-/// while a started thread does (a training function run in a thread, as Ray Train runs it).
+/// theirs: the script's own thread records no Python-framed event, or runs no model call or
+/// launches no backward while a started thread does (a training function run in a thread, as Ray
+/// Train runs it; `generate` run in a thread per request, as streaming servers do).
 fn worker_events(events: &[TraceEvent], stacks: &StackTable) -> Vec<u32> {
     if !stacks.infos.iter().any(|i| i.worker_thread) {
         return Vec::new();
     }
-    let (mut main, mut main_launches, mut worker_launches) = (0usize, 0usize, 0usize);
-    let mut worker = Vec::new();
+    // Per thread kind (the script's, a started one): Python-framed events, backward launches,
+    // events inside a model call.
+    let (mut main, mut worker) = ([0usize; 3], [0usize; 3]);
+    let mut events_of_workers = Vec::new();
     for (i, e) in events.iter().enumerate() {
         let info = stacks.get(e.stack);
-        let launch = usize::from(info.backward_launch && e.action() == Action::Alloc);
-        if info.worker_thread {
-            worker.push(i as u32);
-            worker_launches += launch;
+        let counts = if info.worker_thread {
+            events_of_workers.push(i as u32);
+            &mut worker
         } else if info.python {
-            main += 1;
-            main_launches += launch;
-        }
+            &mut main
+        } else {
+            continue;
+        };
+        counts[0] += 1;
+        counts[1] += usize::from(info.backward_launch && e.action() == Action::Alloc);
+        counts[2] += usize::from(info.forward);
     }
-    if main == 0 || main_launches == 0 && worker_launches > 0 {
-        worker.clear();
+    let theirs = |k: usize| main[k] == 0 && worker[k] > 0;
+    if main[0] == 0 || theirs(1) || theirs(2) {
+        events_of_workers.clear();
     }
-    worker
+    events_of_workers
 }
 
 /// Backward passes launched from another device's trace (a model split over GPUs): this device
