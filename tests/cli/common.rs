@@ -110,6 +110,23 @@ pub fn unxz(path: &Path) -> Vec<u8> {
     out
 }
 
+/// `snapshot` as another recording setting would have written it (`setting`, see
+/// `fixtures/gen/recording_settings.py`), written into `dir` by Python's own pickle module: the
+/// path of the rewritten pickle. Fails the test when the script fails.
+pub fn rewritten(dir: &Path, setting: &str, snapshot: &Path) -> PathBuf {
+    let status = std::process::Command::new("python3")
+        .arg(fixture("gen/recording_settings.py"))
+        .arg(dir)
+        .arg(setting)
+        .arg(snapshot)
+        .status()
+        .unwrap();
+    assert!(status.success(), "recording_settings.py {setting} {} failed", snapshot.display());
+    let name = snapshot.file_name().unwrap().to_str().unwrap();
+    let stem = name.trim_end_matches(".xz").trim_end_matches(".pickle");
+    dir.join(format!("{stem}.{setting}.pickle"))
+}
+
 /// `memsnap summary PATH --json`, parsed.
 pub fn summary_json(path: &Path) -> serde_json::Value {
     let p = path.to_str().expect("utf-8 path");

@@ -301,16 +301,7 @@ fn ring_window_counts_kept_blocks_made_before_it() {
 /// `analyze --json` of `fixture` rewritten into `dir` as `setting` would have recorded it
 /// (`fixtures/gen/recording_settings.py`).
 fn analyze_rewritten(dir: &std::path::Path, setting: &str, fixture: &str) -> serde_json::Value {
-    let status = std::process::Command::new("python3")
-        .arg(common::fixture("gen/recording_settings.py"))
-        .arg(dir)
-        .arg(setting)
-        .arg(common::fixture(fixture))
-        .status()
-        .unwrap();
-    assert!(status.success(), "recording_settings.py {setting} {fixture} failed");
-    let stem = fixture.rsplit('/').next().unwrap().trim_end_matches(".xz").trim_end_matches(".pickle");
-    let rewritten = dir.join(format!("{stem}.{setting}.pickle"));
+    let rewritten = common::rewritten(dir, setting, &common::fixture(fixture));
     common::memsnap(&["analyze", "--json", rewritten.to_str().unwrap()]).json()
 }
 

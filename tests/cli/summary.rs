@@ -411,17 +411,7 @@ fn a_ring_of_one_entry_is_not_taken_for_skipped_actions() {
     }
     let dir = tempfile::tempdir().unwrap();
     let s01 = fixture("dev/s01_clean_train.pickle.xz");
-    for setting in ["keep1", "skip-free-requested", "skip-free-requested+last20"] {
-        let status = std::process::Command::new("python3")
-            .arg(fixture("gen/recording_settings.py"))
-            .arg(dir.path())
-            .arg(setting)
-            .arg(&s01)
-            .status()
-            .unwrap();
-        assert!(status.success(), "recording_settings.py {setting} failed");
-    }
-    let path = |setting: &str| dir.path().join(format!("s01_clean_train.{setting}.pickle"));
+    let path = |setting: &str| common::rewritten(dir.path(), setting, &s01);
     let caveats = |setting: &str| summary_json(&path(setting))["caveats"].to_string();
     assert!(!caveats("keep1").contains("skip_actions"), "{}", caveats("keep1"));
     assert!(caveats("skip-free-requested").contains("no free_requested entries"));
