@@ -88,14 +88,15 @@ pub struct StackInfo {
     /// loop's in one trace ([`crate::phases::Phases::worker_events`]).
     pub worker_thread: bool,
     /// A `torch.func` transform's own code with no user code inside it: the innermost Python
-    /// frame is under `torch/_functorch/` (`grad_and_value_impl`, `vjp`, `vmap`'s wrappers).
+    /// frame is an eager transform's (`grad_and_value_impl`, `vjp`, `vmap`'s wrappers:
+    /// [`eager_transform`]).
     /// `torch.func.grad` computes its gradients with `torch.autograd.grad(create_graph=True)`,
     /// so the backward frees none of the graph's saved tensors; the transform releases the
     /// graph when it returns, from these frames, still inside the user's call (ab01: the saved
     /// tensors of each step's functional forward freed right after its backward window).
     pub transform_code: bool,
-    /// Run under a `torch.func` transform: some Python frame lies under `torch/_functorch/`
-    /// (`transform_code` is the case where the innermost one does).
+    /// Run under a `torch.func` transform: some Python frame is an eager transform's
+    /// (`transform_code` is the case where the innermost one is).
     pub under_transform: bool,
     /// Inside `torch/optim/lbfgs.py`: L-BFGS keeps the last `history_size` (100 by default)
     /// pairs of update directions, each a flat tensor the size of all parameters, so its state
@@ -216,6 +217,15 @@ fn dispatcher_python(file: &str) -> bool {
     ["torch/_decomp/", "torch/_refs/", "torch/_prims/", "torch/_prims_common/"].iter().any(|d| file.contains(d))
 }
 
+/// `torch.func`'s eager transforms (`grad`, `vjp`, `jacrev`, `vmap` and their wrappers), not
+/// `torch.compile`'s AOT autograd, which also lives under `torch/_functorch/` and runs compiled
+/// forwards and backwards of its own.
+fn eager_transform(file: &str) -> bool {
+    ["torch/_functorch/eager_transforms.py", "torch/_functorch/vmap.py", "torch/_functorch/apis.py"]
+        .iter()
+        .any(|f| file.ends_with(f))
+}
+
 fn info(snap: &Snapshot, kinds: &[FrameKind], forward_callers: &FxHashSet<FrameId>, frames: &[FrameId]) -> StackInfo {
     let mut s = StackInfo::default();
     // Frames are innermost first.
@@ -257,7 +267,7 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], forward_callers: &FxHashSet<FrameI
         }
         let checkpoint = file.ends_with("torch/utils/checkpoint.py");
         s.checkpointed |= checkpoint;
-        s.under_transform |= file.contains("torch/_functorch/");
+        s.under_transform |= eager_transform(file);
         if checkpoint
             || file.contains("torch/autograd/")
             || file.contains("torch/_functorch/")
@@ -306,8 +316,7 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], forward_callers: &FxHashSet<FrameI
         }
     }
     s.worker_thread = outermost_python.is_some_and(|(_, file, _)| file.ends_with("/threading.py"));
-    s.transform_code =
-        s.innermost_python.is_some_and(|f| snap.str(snap.frame(f).filename).contains("torch/_functorch/"));
+    s.transform_code = s.innermost_python.is_some_and(|f| eager_transform(snap.str(snap.frame(f).filename)));
     s.native_callback = outermost_python.is_some_and(|(kind, file, name)| {
         kind == FrameKind::User && name != "<module>" || file.ends_with("torch/utils/hooks.py")
     });
