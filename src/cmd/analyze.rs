@@ -250,8 +250,8 @@ fn analysis_text(a: &Analyzed, top: usize, by: By) -> String {
         let r = a.replay.device(da.device);
         let _ = writeln!(s, "\nDEVICE {}", da.device);
         let origin = snap.trace(da.device).and_then(|t| trace_origin(&t.events));
-        let traced_allocations =
-            snap.trace(da.device).is_some_and(|t| t.events.iter().any(|e| e.action() == memsnap_model::Action::Alloc));
+        // The trace records allocations (else every live block is pre-trace).
+        let traced_allocations = da.peak_known;
         if let Some(r) = r {
             let pk = r.peaks.allocated;
             let reserved = match crate::pipeline::reserved_known(snap, r.peaks.reserved.value) {

@@ -463,7 +463,7 @@ fn analyze_device(
             memsnap_model::format_bytes(saved, 2)
         )
     }));
-    let peak_known = facts.actions.iter().any(|&(a, count)| a == memsnap_model::Action::Alloc && count > 0);
+    let peak_known = facts.count(memsnap_model::Action::Alloc) > 0;
     let cx = detectors::Context {
         snap,
         stacks,

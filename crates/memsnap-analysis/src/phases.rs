@@ -74,8 +74,8 @@ pub struct Phases {
     /// Events (sorted) run by threads the program started ([`StackInfo::worker_thread`]) while
     /// another thread, the one the script runs in, drives the passes: an evaluation worker's
     /// model calls, interleaved with the training step's events. They open and close no window
-    /// of the main thread's, belong to none of its passes or backwards, and are read as code
-    /// outside any model call. Empty when no thread started from Python allocated, or when the
+    /// of the main thread's and belong to none of its passes or backwards: what they keep is the
+    /// worker's (`reference_leak`'s origin `worker_thread`). Empty when no thread started from Python allocated, or when the
     /// passes are the started threads' (the script's thread records no Python-framed event, or
     /// only a started thread runs model calls or launches backward passes: the training loop
     /// itself runs in a thread, as Ray Train runs the user's function, or a server runs each

@@ -493,8 +493,8 @@ impl Detector for ReferenceLeak {
             }
         }
         out.extend(regrown(cx, &reported));
-        // Kept blocks the user's code made, by (iteration, size), with their allocations: a
-        // leaf made with `requires_grad` and kept (FGSM's `delta`, a gradient-penalty `xhat`).
+        // Kept blocks the user's code made, by size, with their allocations: among them a leaf
+        // made with `requires_grad` and kept (FGSM's `delta`, a gradient-penalty `xhat`).
         let mut user_kept: FxHashMap<u64, Vec<u32>> = FxHashMap::default();
         for (key, g) in &groups {
             if matches!(key, Key::Line(_, Origin::User)) {
