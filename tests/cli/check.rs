@@ -129,18 +129,18 @@ fn unreadable_input_and_malformed_gates_exit_2() {
     check(&["check", RANK0, "--fail-on", ""], 2, 0);
 }
 
-/// The canonical clean loop of the README's CI example: x01 zeroes gradients at the top of the
-/// step and evaluates under `no_grad`, so the last step's gradients stay resident through the
-/// evaluation: a true `unreleased_gradient` of severity `waste`. `--fail-on leaks` passes it;
-/// naming the severity or the kind fails it.
+/// z10 zeroes gradients at the top of the step and evaluates under `no_grad`, so the last
+/// step's gradients (17.5 MiB, 9% of what the evaluation allocates at most) stay resident
+/// through the evaluation: a true `unreleased_gradient` of severity `waste`. `--fail-on leaks`
+/// passes it; naming the severity or the kind fails it.
 #[test]
 fn fail_on_leaks_passes_bounded_waste_and_severities_can_be_named() {
-    let x01 = "fixtures/extra/x01_cnn_clean.pickle.xz";
-    check(&["check", x01, "--fail-on", "leaks"], 0, 0);
-    let r = check(&["check", x01, "--fail-on", "waste"], 1, 1);
+    let z10 = "fixtures/extra3/z10_grads_through_eval_waste.pickle.xz";
+    check(&["check", z10, "--fail-on", "leaks"], 0, 0);
+    let r = check(&["check", z10, "--fail-on", "waste"], 1, 1);
     assert!(r.stdout.contains("fail-on unreleased_gradient (waste) found"), "{}", r.stdout);
-    check(&["check", x01, "--fail-on", "unreleased_gradient"], 1, 1);
-    check(&["check", x01, "--fail-on", "peak"], 0, 0);
+    check(&["check", z10, "--fail-on", "unreleased_gradient"], 1, 1);
+    check(&["check", z10, "--fail-on", "peak"], 0, 0);
 }
 
 /// A file without a trace cannot establish its peak: `--max-peak` fails with a message instead

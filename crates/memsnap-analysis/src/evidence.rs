@@ -209,6 +209,7 @@ pub enum GradientHold {
     /// The last step's gradients stay allocated through an evaluation window. `every_step`: such
     /// windows come about once per iteration (no-grad passes the step itself runs: acting in
     /// reinforcement learning, a teacher, a target network, an evaluation every step).
+    /// `share_of_allocated`: their bytes over the most allocated while the window ran.
     ThroughEvaluation { window_start: u32, passes: usize, share_of_allocated: f64, every_step: bool },
     /// Read from the dump alone (no trace, or one without stacks): more blocks without a Python
     /// frame, of parameters' sizes, than there are parameters (`detectors/state_only.rs`).
@@ -240,7 +241,7 @@ pub struct Holder {
 /// How iterations were delimited (for the words of growth evidence).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct IterationsBy {
-    /// `backward`, `forward`, `annotation` or `none`.
+    /// `backward`, `forward`, `annotation` or `loop`.
     pub source: &'static str,
     pub site: Option<Site>,
     pub annotation: Option<String>,

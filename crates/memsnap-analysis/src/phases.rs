@@ -50,6 +50,10 @@ pub enum IterationSource {
     Forward,
     /// `external_annotations` with a repeating name.
     Annotation,
+    /// The program's loop, read from the user's statements that allocate (see
+    /// [`loop_iterations`]): for a trace with no backward, no model call and no annotation
+    /// (CUDA-graph replays, which allocate nothing; plain tensor code).
+    Loop,
     None,
 }
 
@@ -159,6 +163,12 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
     // With `free_stacks_from_alloc`: the addresses the open forward pass allocated.
     let mut open_forward_blocks: rustc_hash::FxHashSet<u64> = Default::default();
     let worker_events = worker_events(events, stacks);
+    // Runs of frameless allocations outside every launched backward window (see `EngineRun`),
+    // and the run being read: (its first event, the Python-framed event before it, whether it
+    // freed anything).
+    let mut engine_runs: Vec<EngineRun> = Vec::new();
+    let mut open_run: Option<(u32, u32, bool)> = None;
+    let mut last_framed: Option<u32> = None;
 
     for (i, e) in events.iter().enumerate() {
         let i = i as u32;
@@ -181,6 +191,9 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
                     f.span.end = i + 1;
                 }
             }
+            if let Some(run) = open_run.as_mut() {
+                run.2 = true;
+            }
             continue;
         }
         let info = stacks.get(e.stack);
@@ -190,7 +203,18 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
         }
         if !info.python || info.recompute {
             // Frameless (or native-only) events belong to whatever window is open, and so do
-            // checkpoint recomputations, which the engine runs inside a backward pass.
+            // checkpoint recomputations, which the engine runs inside a backward pass. Outside
+            // every window they are a backward whose launch allocated nothing from Python.
+            if open_backward.is_none() {
+                match open_run.as_mut() {
+                    Some(run) => run.2 |= e.action() != Action::Alloc,
+                    None => {
+                        if let (Some(before), Action::Alloc) = (last_framed, e.action()) {
+                            open_run = Some((i, before, false));
+                        }
+                    }
+                }
+            }
             continue;
         }
         if info.transform_code && open_backward.is_some() {
@@ -204,6 +228,10 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
             optimizer_window(&mut open_opt, &mut optimizer_steps, info.optimizer, e.action() == Action::Alloc, i);
             continue;
         }
+        if let Some((start, before, true)) = open_run.take() {
+            engine_runs.push(EngineRun { span: Span { start, end: i }, before, after: Some(i) });
+        }
+        last_framed = Some(i);
         // Backward windows: opened by a launch, closed by the next Python-framed event.
         if info.backward_launch && e.action() == Action::Alloc {
             if let Some(b) = open_backward.take() {
@@ -261,8 +289,12 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
         optimizer_steps.push(s);
     }
 
-    if backwards.is_empty() {
-        backwards = engine_windows(events, stacks, free_stacks_from_alloc);
+    if let Some((start, before, true)) = open_run.take() {
+        engine_runs.push(EngineRun { span: Span { start, end: n }, before, after: None });
+    }
+    if !engine_runs.is_empty() {
+        backwards.extend(engine_runs.iter().map(|r| Backward { span: r.span, line: r.launch_line(events, stacks) }));
+        backwards.sort_by_key(|b| b.span.start);
     }
 
     // A pass is "trained" if a backward starts after it and before the next pass from the same
@@ -362,8 +394,128 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
         phases.boundaries = bounds;
         phases.iteration_source = IterationSource::Annotation;
         phases.iteration_annotation = Some(name);
+        return phases;
+    }
+    if phases.backwards.is_empty() && phases.forwards.is_empty() {
+        if let Some((line, bounds)) = loop_iterations(events, stacks, &phases) {
+            phases.boundaries = bounds;
+            phases.iteration_source = IterationSource::Loop;
+            phases.iteration_line = Some(line);
+        }
     }
     phases
+}
+
+/// Iterations of the program's own loop, for a trace with no backward pass and no model call
+/// to count them by: a service replaying a CUDA graph (`torch.compile(mode="reduce-overhead")`,
+/// whose replays allocate nothing), plain tensor code. A loop runs the same statements again
+/// and again, so the allocating statements of its body come back in the same order, each
+/// entered once per pass: one statement, entered again after others ran, marks the passes.
+///
+/// The statements are read at the level where the user's code varies: the outermost user frame
+/// of every Python-framed allocation of the program's own thread, or, while every allocation
+/// runs under one and the same frame (`main()`), the frame inside it. Each time a statement's
+/// allocations begin again after another statement's, it is entered once more; the statement
+/// entered most often (ties: the one entered first) starts each iteration. A loop whose body
+/// has one allocating statement (`u = step(u)`) enters it once and stays: its passes show one
+/// level further in, in the lines of the function that statement calls, so the reading goes
+/// into the statement that allocated most while a statement in there is entered at least
+/// [`DEEPER_LOOP_FACTOR`] times as often (a function with a loop of its own, called once per
+/// pass, enters its inner statements as often as it is called: no deeper). Needs the chosen
+/// statement entered at least twice.
+fn loop_iterations(events: &[TraceEvent], stacks: &StackTable, phases: &Phases) -> Option<(FrameId, Vec<u32>)> {
+    let mut scope: Vec<(u32, &[FrameId])> = events
+        .iter()
+        .enumerate()
+        .filter(|(i, e)| e.action() == Action::Alloc && !phases.on_worker(*i as u32))
+        .filter_map(|(i, e)| {
+            let info = stacks.get(e.stack);
+            let user = &stacks.user_frames[e.stack.0 as usize];
+            (info.python && !info.recompute && !user.is_empty()).then_some((i as u32, &user[..]))
+        })
+        .collect();
+    let mut depth = varying_depth(&scope, 0)?;
+    let mut best = statements(&scope, depth).into_iter().max_by(|a, b| a.entered_more(b))?;
+    loop {
+        let Some(dominant) = statements(&scope, depth)
+            .into_iter()
+            .max_by(|a, b| a.allocations.cmp(&b.allocations).then(b.first.cmp(&a.first)))
+        else {
+            break;
+        };
+        let inner: Vec<(u32, &[FrameId])> =
+            scope.iter().copied().filter(|(_, f)| frame_at(f, depth) == Some(dominant.frame)).collect();
+        let Some(inner_depth) = varying_depth(&inner, depth + 1) else { break };
+        match statements(&inner, inner_depth).into_iter().max_by(|a, b| a.entered_more(b)) {
+            Some(deeper) if deeper.starts.len() >= DEEPER_LOOP_FACTOR * best.starts.len() => {
+                (scope, depth, best) = (inner, inner_depth, deeper);
+            }
+            _ => break,
+        }
+    }
+    (best.starts.len() >= 2).then_some((best.frame, best.starts))
+}
+
+/// How many times as often a statement one level in must be entered for [`loop_iterations`] to
+/// read the loop there (2): a pass of the loop that calls a function once enters the function's
+/// statements once; twice as often means the outer statement ran several passes unbroken.
+const DEEPER_LOOP_FACTOR: usize = 2;
+
+/// The user frame at `depth`, counted from the outermost.
+fn frame_at(frames: &[FrameId], depth: usize) -> Option<FrameId> {
+    frames.len().checked_sub(depth + 1).map(|k| frames[k])
+}
+
+/// The first depth from `from` on where the allocations' frames differ (`None` when they never
+/// do: one statement all along).
+fn varying_depth(allocs: &[(u32, &[FrameId])], from: usize) -> Option<usize> {
+    let mut depth = from;
+    loop {
+        let first = frame_at(allocs.first()?.1, depth)?;
+        if !allocs.iter().all(|(_, f)| frame_at(f, depth) == Some(first)) {
+            return Some(depth);
+        }
+        depth += 1;
+    }
+}
+
+/// A statement of [`loop_iterations`]: where each of its entries began, its first allocation
+/// (by position) and how many allocations it made.
+struct Statement {
+    frame: FrameId,
+    first: usize,
+    starts: Vec<u32>,
+    allocations: usize,
+}
+
+impl Statement {
+    /// Entered more often; on a tie, entered first.
+    fn entered_more(&self, other: &Statement) -> std::cmp::Ordering {
+        self.starts.len().cmp(&other.starts.len()).then(other.first.cmp(&self.first))
+    }
+}
+
+/// The statements at `depth`, in the order first met.
+fn statements(allocs: &[(u32, &[FrameId])], depth: usize) -> Vec<Statement> {
+    let mut out: Vec<Statement> = Vec::new();
+    let mut index: rustc_hash::FxHashMap<FrameId, usize> = Default::default();
+    let mut previous: Option<FrameId> = None;
+    for (k, &(i, frames)) in allocs.iter().enumerate() {
+        let here = frame_at(frames, depth);
+        if let Some(f) = here {
+            let at = *index.entry(f).or_insert_with(|| {
+                out.push(Statement { frame: f, first: k, starts: Vec::new(), allocations: 0 });
+                out.len() - 1
+            });
+            let st = &mut out[at];
+            st.allocations += 1;
+            if here != previous {
+                st.starts.push(i);
+            }
+        }
+        previous = here;
+    }
+    out
 }
 
 /// [`Phases::worker_events`]: the events of threads started from Python, unless the passes are
@@ -399,42 +551,37 @@ fn worker_events(events: &[TraceEvent], stacks: &StackTable) -> Vec<u32> {
     events_of_workers
 }
 
-/// Backward passes launched from another device's trace (a model split over GPUs): this device
-/// sees no `.backward()` launch, only the engine's frameless allocations. Each run of frameless
-/// allocations that follows a Python-framed event and frees some earlier block is taken as a
-/// backward pass with an unknown launch line. Used only when the device has no launch at all.
-fn engine_windows(events: &[TraceEvent], stacks: &StackTable, free_stacks_from_alloc: bool) -> Vec<Backward> {
-    let mut out: Vec<Backward> = Vec::new();
-    let mut open: Option<(u32, bool)> = None;
-    let mut framed_seen = false;
-    for (i, e) in events.iter().enumerate() {
-        let i = i as u32;
-        if !matches!(e.action(), Action::Alloc | Action::FreeRequested | Action::FreeCompleted) {
-            continue;
+/// A backward pass whose launch allocated nothing from Python: a run of frameless allocations,
+/// outside every launched backward window, that follows a Python-framed event and frees
+/// something (a backward frees what it consumed). Frameless allocations in a trace recorded with
+/// Python stacks are the autograd engine's, made on its device thread. Its launch allocates from
+/// Python only when it makes the seed itself (`torch.ones_like` of a scalar loss in
+/// `_make_grads`): a call handed its seed (`autograd.grad(outputs, inputs, grad_outputs=v)`, a
+/// Hessian-vector product; `loss.backward(gradient=g)`; `torch.func.vjp`'s `vjp_fn(v)`; a
+/// vectorized `autograd.functional.jacobian`), and every backward of a device whose pass was
+/// launched from another device's trace (a model split over GPUs), shows only the engine's work.
+#[derive(Clone, Copy, Debug)]
+struct EngineRun {
+    span: Span,
+    /// The Python-framed event just before the run, and the one that ended it.
+    before: u32,
+    after: Option<u32>,
+}
+
+impl EngineRun {
+    /// The line that launched the run, where the trace shows it: the user's call into autograd's
+    /// API that was running when the run began (the event before it was that call preparing its
+    /// seeds: a vectorized `jacobian`'s basis); else the statement that was running both before
+    /// and after it (`scale * autograd.grad(...)[0]`). Otherwise unknown: the launch happened
+    /// somewhere between two lines, and which one the trace cannot say.
+    fn launch_line(&self, events: &[TraceEvent], stacks: &StackTable) -> Option<FrameId> {
+        let before = stacks.get(events[self.before as usize].stack);
+        if before.in_autograd_api {
+            return before.site;
         }
-        let info = stacks.get(e.stack);
-        // With allocation stacks on frees, a free is framed when its block was: it neither
-        // opens nor closes a window, but it still shows the window frees something.
-        let framed = info.python && !info.recompute && !(free_stacks_from_alloc && e.action() != Action::Alloc);
-        if framed {
-            framed_seen = true;
-            if let Some((start, frees)) = open.take() {
-                if frees {
-                    out.push(Backward { span: Span { start, end: i }, line: None });
-                }
-            }
-            continue;
-        }
-        match &mut open {
-            Some((_, frees)) => *frees |= e.action() != Action::Alloc,
-            None if framed_seen && e.action() == Action::Alloc => open = Some((i, false)),
-            None => {}
-        }
+        let after = self.after.map(|a| stacks.get(events[a as usize].stack))?;
+        (before.site.is_some() && before.site == after.site && !after.forward).then_some(before.site).flatten()
     }
-    if let Some((start, true)) = open {
-        out.push(Backward { span: Span { start, end: events.len() as u32 }, line: None });
-    }
-    out
 }
 
 /// How many matched frees [`free_stacks_are_alloc_stacks`] looks at (enough to decide, cheap on

@@ -39,6 +39,7 @@ fn numbers(s: &Suspect, peak: u64) -> String {
                 ("annotation", _, Some(a)) => format!("the annotation {:?}", memsnap_model::clip(a)),
                 ("backward", Some(l), _) => format!("the backward pass at {}", l.short()),
                 ("forward", Some(l), _) => format!("the forward call at {}", l.short()),
+                ("loop", Some(l), _) => format!("the loop's statement at {}", l.short()),
                 _ => "repeated calls".to_string(),
             };
             parts.push(format!("iterations delimited by {by}"));
@@ -267,7 +268,7 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
                     ("evaluation", "a phase that never uses")
                 };
                 format!(
-                    "When {began} began (event {}, {} without backward), {} of parameter sizes from the backward pass at {} {} still allocated ({:.0}% of allocated memory): gradients held through {through} them. {tail}.",
+                    "When {began} began (event {}, {} without backward), {} of parameter sizes from the backward pass at {} {} still allocated ({:.0}% of the most allocated while it ran): gradients held through {through} them. {tail}.",
                     window_start,
                     forward_passes(*passes),
                     plural(*blocks, "block", "blocks"),

@@ -46,6 +46,13 @@ pub struct StackInfo {
     /// which returns the gradients it computes to its caller instead of adding them into the
     /// leaves' `.grad`.
     pub grad_call: bool,
+    /// Inside a call to autograd's Python API for derivatives (`torch.autograd.grad` /
+    /// `backward` in `torch/autograd/__init__.py`, `torch.autograd.functional`'s `jacobian`,
+    /// `hessian`, `vjp`, `hvp`, or a `torch.func` eager transform), whether or not this
+    /// allocation is the launch itself: such a call may prepare its seeds here (the batched
+    /// basis of a vectorized `jacobian`) and then launch a backward that allocates nothing
+    /// from Python ([`crate::phases`]' silent launches).
+    pub in_autograd_api: bool,
     /// Inside `torch.optim`.
     pub optimizer: bool,
     /// The innermost user frame is inside the `torch.optim` call: user code the step ran, i.e.
@@ -265,6 +272,9 @@ fn info(snap: &Snapshot, kinds: &[FrameKind], forward_callers: &FxHashSet<FrameI
         if file.ends_with("torch/autograd/__init__.py") && name == "grad" {
             s.grad_call = true;
         }
+        s.in_autograd_api |= file.ends_with("torch/autograd/__init__.py")
+            || file.ends_with("torch/autograd/functional.py")
+            || eager_transform(file);
         let checkpoint = file.ends_with("torch/utils/checkpoint.py");
         s.checkpointed |= checkpoint;
         s.under_transform |= eager_transform(file);

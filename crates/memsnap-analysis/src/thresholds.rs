@@ -78,8 +78,9 @@ pub struct Thresholds {
     /// Kept backward blocks per step that mean gradients rather than a hook's tensor (2): a
     /// backward allocates one gradient per parameter, and every model has weights and biases.
     pub min_gradients_per_step: u64,
-    /// Share of allocated memory that gradients must hold at the start of an evaluation window to
-    /// be reported as waste (0.01): below it, clearing them would not change the peak measurably.
+    /// Share of the most memory allocated during an evaluation window that the gradients held
+    /// through it must make up to be reported as waste (0.01): below it, clearing them would not
+    /// change the window's peak measurably.
     pub grad_waste_share: f64,
     /// Same-site live blocks that make a state-only leak suspect (8): with no trace, a line that
     /// holds many blocks of one kind at dump time (not parameters, optimizer state or gradients)

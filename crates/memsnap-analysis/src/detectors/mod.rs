@@ -261,6 +261,7 @@ fn iterations_by(cx: &Context) -> Option<IterationsBy> {
         IterationSource::Backward => "backward",
         IterationSource::Forward => "forward",
         IterationSource::Annotation => "annotation",
+        IterationSource::Loop => "loop",
         IterationSource::None => return None,
     };
     Some(IterationsBy {

@@ -30,6 +30,7 @@ use super::{state_only, Context, Detector, Finding};
 use crate::attribution::Attr;
 use crate::evidence::{BeforeTrace, Evidence, LeakOrigin, Occurrence, Severity, SuspectKind};
 use crate::lifecycle::{BlockFate, UnitFate};
+use crate::phases::IterationSource;
 
 pub struct ReferenceLeak;
 
@@ -84,6 +85,8 @@ struct Group {
     evicted: bool,
     /// Those blocks (see [`at_capacity`]).
     evicted_blocks: Vec<usize>,
+    /// Some block of the site was not kept.
+    let_go: bool,
 }
 
 /// Push `x` unless it is the last element already.
@@ -137,6 +140,7 @@ impl Groups {
         push_new(&mut g.eligible, occ);
         g.pass_occurrences = pass;
         g.evicted |= evicted;
+        g.let_go |= !kept;
         if evicted {
             g.evicted_blocks.push(bi);
         }
@@ -161,6 +165,7 @@ impl Groups {
             }
             g.pass_occurrences = l.pass_occurrences;
             g.evicted |= l.evicted;
+            g.let_go |= l.let_go;
             g.evicted_blocks.extend(l.evicted_blocks);
         }
         self
@@ -441,7 +446,16 @@ impl Detector for ReferenceLeak {
         // optimizer state, made again and again for the same parameters and never let go, on
         // to the end; or, in a wrapped ring, kept in a large enough share once the like blocks
         // the line kept before the trace count as one more occurrence.
+        // Iterations read from the loop's statements alone (no backward, no model call: see
+        // `phases::loop_iterations`) come with no pass to tell a working set from growth: a line
+        // that let some of its tensors go while keeping others holds them by a policy (every
+        // 17th kept to fragment the cache: s07; a subsample), while a forgotten reference keeps
+        // everything its line makes. There only lines that kept all they made count.
+        let loop_only = cx.phases.iteration_source == IterationSource::Loop;
         let grows_anyhow = |key: &Key, g: &Group| {
+            if loop_only && g.let_go {
+                return false;
+            }
             cx.is_growth(g.kept.len(), g.eligible.len())
                 || matches!(key, Key::Line(_, Origin::Trained | Origin::NoGrad | Origin::GraphReleased | Origin::User))
                     && !g.evicted
@@ -467,7 +481,8 @@ impl Detector for ReferenceLeak {
             };
             let built_into_model = matches!(key, Key::Line(_, Origin::Construction)) && built_into_the_model(cx, g);
             let full = at_capacity(cx, g, |k| occurrence_start(k, g.pass_occurrences));
-            if stopped || built_into_model || full {
+            let per_shape = matches!(key, Key::Line(_, Origin::User)) && keyed_by_shape(cx, g);
+            if stopped || built_into_model || full || per_shape {
                 stopped_filling.insert(*key);
             }
         }
@@ -694,6 +709,23 @@ fn iterations_went_on_without_the_line(cx: &Context, eligible: &[usize]) -> bool
     let after = cx.phases.iteration_count().saturating_sub(last + 1);
     let longest_pause = eligible.windows(2).map(|w| w[1] - w[0] - 1).max().unwrap_or(0);
     eligible.len() >= cx.thresholds.min_leak_occurrences && after >= eligible.len() && after > longest_pause
+}
+
+/// Whether what a user line keeps is a cache keyed by the shape of the work: its kept blocks all
+/// differ in size, and it allocated in no more than half the iterations from its first on.
+///
+/// Mechanism. A cache keyed by shape (a boundary mask per grid size, a workspace or kernel per
+/// resolution: `if n not in masks: masks[n] = ...`) makes one tensor the first time a shape
+/// comes and reuses it every time the shape comes back: one block per distinct size, made only
+/// in the iterations where the shape was new, and bounded by the shapes the program uses. A
+/// forgotten reference keeps what the iterations made, whose sizes repeat when the shapes do
+/// (a fixed batch), or which it makes in every iteration when they vary (variable lengths).
+fn keyed_by_shape(cx: &Context, g: &Group) -> bool {
+    let (Some(&first), iterations) = (g.eligible.first(), cx.phases.iteration_count()) else { return false };
+    let mut sizes: Vec<u64> = g.blocks.iter().map(|&bi| cx.replay.blocks[bi].size).collect();
+    sizes.sort_unstable();
+    let distinct = sizes.windows(2).all(|w| w[0] != w[1]);
+    sizes.len() >= 2 && distinct && 2 * g.eligible.len() <= iterations.saturating_sub(first)
 }
 
 /// Whether the modules built at a line, build after build, were added to what the program runs

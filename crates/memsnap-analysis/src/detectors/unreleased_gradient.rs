@@ -184,8 +184,14 @@ fn through_evaluation(cx: &Context, leak_lines: &[Option<FrameId>]) -> Option<Fi
     }
     let (bytes, wi, blocks, lines) = best?;
     let w = phases.eval_windows[wi];
-    let allocated = d.series.after(Some(w.start as usize)).allocated.max(1);
-    let share = bytes as f64 / allocated as f64;
+    // What releasing them would save is their bytes at the evaluation's own high-water mark:
+    // the share is of the most allocated while the window ran (a Jacobian's batched backward, a
+    // long generation), not of what was allocated as it began.
+    let window_high = (w.start..w.end.min(d.series.len() as u32))
+        .map(|i| d.series.allocated(i as usize))
+        .max()
+        .unwrap_or_else(|| d.series.after(Some(w.start as usize)).allocated);
+    let share = bytes as f64 / window_high.max(1) as f64;
     if bytes < cx.thresholds.min_suspect_bytes || share < cx.thresholds.grad_waste_share {
         return None;
     }
