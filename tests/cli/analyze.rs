@@ -1384,7 +1384,16 @@ fn a_backward_handed_its_seed_is_still_a_backward() {
     assert!(suspects(&out).is_empty(), "ac09:{}", describe(&out));
     // The kept Hessian-vector products: gradients of every step kept, not blocks "recorded
     // without stacks" (the file has stacks; the engine's allocations have no Python frames).
-    let out = analyze(&fixture_with_prefix("extra33", "ac04_"));
+    let path = fixture_with_prefix("extra33", "ac04_");
+    let script = format!("{}.py", stem(&path));
+    let out = analyze(&path);
+    // The launch line is not in the trace; a caveat says so, and between which lines it lies.
+    let caveats = out["devices"][0]["caveats"].to_string();
+    assert!(
+        caveats.contains("10 backward passes allocated nothing from Python")
+            && caveats.contains(&format!("launched between fixtures/gen/{script}:27 (hutchinson) and")),
+        "{caveats}"
+    );
     let kept = of_kind(&out, "unreleased_gradient");
     assert_eq!(kept.len(), 1, "{}", describe(&out));
     assert_eq!(kept[0]["severity"], "leak", "{}", describe(&out));
@@ -1428,4 +1437,33 @@ fn gradients_that_are_a_sliver_of_the_evaluation_are_not_waste() {
     assert_eq!(waste.len(), 1, "{}", describe(&out));
     let share = waste[0]["facts"]["hold"]["through_evaluation"]["share_of_allocated"].as_f64().unwrap();
     assert!(share > 0.05, "{share}");
+}
+
+/// Under iterations read from the loop's statements alone, a line whose kept blocks are sizes
+/// it also made and let go keeps a sample by policy; `topk`'s values and indices are its
+/// results, beside seven scratch buffers of other sizes: a leak (ad09: a plain-tensor service
+/// keeping every request's `topk`; read before as nothing). Its clean twin stays clean.
+#[test]
+fn a_results_scratch_is_not_a_sample_of_like_tensors() {
+    let path = fixture_with_prefix("extra34", "ad09_");
+    let script = format!("{}.py", stem(&path));
+    let out = analyze(&path);
+    assert_eq!(out["devices"][0]["phases"]["iteration_source"], "loop");
+    assert!(of_kind(&out, "reference_leak").iter().any(|s| at(s, &script, 31)), "{}", describe(&out));
+    let out = analyze(&fixture_with_prefix("extra34", "ad10_"));
+    assert!(suspects(&out).is_empty(), "ad10:{}", describe(&out));
+}
+
+/// Fragmentation is holes too scattered to serve requests: one hole that holds most of the
+/// split bytes (ad10: the 164 MiB of 167 that a setup step's freed input left) serves every
+/// request up to its size, as cache does, while the planted fragmentation (s07, z14) leaves its
+/// largest hole 9-15% of them.
+#[test]
+fn one_large_hole_is_cache_not_fragmentation() {
+    let out = analyze(&fixture_with_prefix("extra34", "ad10_"));
+    assert!(of_kind(&out, "fragmentation").is_empty(), "ad10:{}", describe(&out));
+    for (set, prefix) in [("dev", "s07_"), ("extra3", "z14_")] {
+        let out = analyze(&fixture_with_prefix(set, prefix));
+        assert_eq!(of_kind(&out, "fragmentation").len(), 1, "{prefix}:{}", describe(&out));
+    }
 }

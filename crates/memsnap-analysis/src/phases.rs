@@ -91,6 +91,10 @@ pub struct Phases {
     /// freed it (`_record_memory_history(context="alloc")`; see [`free_stacks_are_alloc_stacks`]).
     /// Their frames then say nothing about where the program was when the block was freed.
     pub free_stacks_from_alloc: bool,
+    /// Backward passes whose launch line the trace does not show (see `EngineRun`): how many,
+    /// and the user lines the program ran just before and just after the first of them (the
+    /// launch lies between the two).
+    pub unnamed_launches: (usize, Option<(Option<FrameId>, Option<FrameId>)>),
 }
 
 impl Phases {
@@ -292,8 +296,17 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
     if let Some((start, before, true)) = open_run.take() {
         engine_runs.push(EngineRun { span: Span { start, end: n }, before, after: None });
     }
+    let mut unnamed_launches = (0, None);
     if !engine_runs.is_empty() {
-        backwards.extend(engine_runs.iter().map(|r| Backward { span: r.span, line: r.launch_line(events, stacks) }));
+        for r in &engine_runs {
+            let line = r.launch_line(events, stacks);
+            if line.is_none() {
+                unnamed_launches.0 += 1;
+                let site = |i: u32| stacks.get(events[i as usize].stack).site;
+                unnamed_launches.1.get_or_insert((site(r.before), r.after.and_then(site)));
+            }
+            backwards.push(Backward { span: r.span, line });
+        }
         backwards.sort_by_key(|b| b.span.start);
     }
 
@@ -348,6 +361,7 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
         event_count: n,
         worker_events,
         free_stacks_from_alloc,
+        unnamed_launches,
     };
     if let Some(line) = iteration_backward_line(events, &phases.backwards, &phases.optimizer_steps) {
         let starts: Vec<u32> = phases.backwards.iter().filter(|b| b.line == line).map(|b| b.span.start).collect();

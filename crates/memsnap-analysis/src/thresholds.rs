@@ -103,6 +103,11 @@ pub struct Thresholds {
     /// ... while allocated memory is at most this share of reserved (0.6). Split free blocks are
     /// memory that neither larger requests nor `empty_cache()` can use.
     pub fragmentation_max_allocated_share: f64,
+    /// ... and no single hole holds more than this share of the split bytes (0.5). Holes hurt
+    /// when they are scattered: one hole that holds most of them (the input of a setup step
+    /// freed beside its output: ad10's 164 MiB of 167) serves every request up to its size, as
+    /// cache does. The fragmentation the fixtures plant leaves its largest hole 9-15% of them.
+    pub fragmentation_max_largest_hole_share: f64,
     /// Share of the reserved peak above the allocated peak (0.35) from which the allocator-cache
     /// section advises on reserved memory (expandable segments, uniform shapes). Some excess is
     /// structural: requests round up (512 B, 2 MiB), small requests take 2 MiB segments and
@@ -142,6 +147,7 @@ impl Thresholds {
         fragmentation_min_split_bytes: 32 << 20,
         fragmentation_min_split_share: 0.3,
         fragmentation_max_allocated_share: 0.6,
+        fragmentation_max_largest_hole_share: 0.5,
         reserved_excess_share: 0.35,
         reserved_excess_min_bytes: 32 << 20,
     };

@@ -9,7 +9,8 @@
 //! the pinned segments alone. Wholly free segments are plain cache: `empty_cache()` returns
 //! them.) Read from the dump-time segment table (exact), thresholds in [`Thresholds`].
 //! Named at the line that allocated most of the live blocks pinning split segments.
-//! Near misses: free bytes in wholly free segments (`empty_cache()` returns them); few holes.
+//! Near misses: free bytes in wholly free segments (`empty_cache()` returns them); few holes;
+//! one hole holding most of the split bytes, which serves requests up to its size as cache does.
 //!
 //! [`Thresholds`]: crate::Thresholds
 
@@ -51,12 +52,23 @@ impl Detector for Fragmentation {
         // The live blocks that pin split segments, by the line that allocated them: long-lived
         // tensors allocated between short-lived ones are what keeps the holes from merging.
         let end = (!cx.events.is_empty()).then(|| cx.events.len() - 1);
+        let state = cx.replay.state_after(end);
+        let pinned = |seg: &&memsnap_replay::SegmentView| {
+            seg.blocks.iter().any(|b| b.state == BlockState::Inactive)
+                && seg.blocks.iter().any(|b| b.state == BlockState::Allocated)
+        };
+        let largest_hole = state
+            .segments
+            .iter()
+            .filter(pinned)
+            .flat_map(|seg| seg.blocks.iter().filter(|b| b.state == BlockState::Inactive).map(|b| b.size))
+            .max()
+            .unwrap_or(0);
+        if largest_hole as f64 > th.fragmentation_max_largest_hole_share * split as f64 {
+            return Vec::new();
+        }
         let mut pinning: BTreeMap<FrameId, (u64, StackId)> = BTreeMap::new();
-        for seg in &cx.replay.state_after(end).segments {
-            let has_hole = seg.blocks.iter().any(|b| b.state == BlockState::Inactive);
-            if !has_hole {
-                continue;
-            }
+        for seg in state.segments.iter().filter(pinned) {
             for b in seg.blocks.iter().filter(|b| b.state == BlockState::Allocated) {
                 let Some(life) = b.lifetime.map(|i| &cx.replay.blocks[i]) else { continue };
                 let stack = cx.event_stack(life);

@@ -85,8 +85,6 @@ struct Group {
     evicted: bool,
     /// Those blocks (see [`at_capacity`]).
     evicted_blocks: Vec<usize>,
-    /// Some block of the site was not kept.
-    let_go: bool,
 }
 
 /// Push `x` unless it is the last element already.
@@ -140,7 +138,6 @@ impl Groups {
         push_new(&mut g.eligible, occ);
         g.pass_occurrences = pass;
         g.evicted |= evicted;
-        g.let_go |= !kept;
         if evicted {
             g.evicted_blocks.push(bi);
         }
@@ -165,7 +162,6 @@ impl Groups {
             }
             g.pass_occurrences = l.pass_occurrences;
             g.evicted |= l.evicted;
-            g.let_go |= l.let_go;
             g.evicted_blocks.extend(l.evicted_blocks);
         }
         self
@@ -447,13 +443,12 @@ impl Detector for ReferenceLeak {
         // to the end; or, in a wrapped ring, kept in a large enough share once the like blocks
         // the line kept before the trace count as one more occurrence.
         // Iterations read from the loop's statements alone (no backward, no model call: see
-        // `phases::loop_iterations`) come with no pass to tell a working set from growth: a line
-        // that let some of its tensors go while keeping others holds them by a policy (every
-        // 17th kept to fragment the cache: s07; a subsample), while a forgotten reference keeps
-        // everything its line makes. There only lines that kept all they made count.
+        // `phases::loop_iterations`) come with no pass to tell a working set from growth; there a
+        // line that keeps a sample of like tensors it makes and lets go holds them by a policy
+        // (`kept_by_sampling`).
         let loop_only = cx.phases.iteration_source == IterationSource::Loop;
         let grows_anyhow = |key: &Key, g: &Group| {
-            if loop_only && g.let_go {
+            if loop_only && matches!(key, Key::Line(Some(line), _) if kept_by_sampling(cx, *line, g)) {
                 return false;
             }
             cx.is_growth(g.kept.len(), g.eligible.len())
@@ -709,6 +704,28 @@ fn iterations_went_on_without_the_line(cx: &Context, eligible: &[usize]) -> bool
     let after = cx.phases.iteration_count().saturating_sub(last + 1);
     let longest_pause = eligible.windows(2).map(|w| w[1] - w[0] - 1).max().unwrap_or(0);
     eligible.len() >= cx.thresholds.min_leak_occurrences && after >= eligible.len() && after > longest_pause
+}
+
+/// Whether most of the blocks a line kept have a size that blocks the same line made and let go
+/// also had: the line keeps a sample of like tensors (every 17th of a list of randomly sized
+/// tensors, to fragment the cache: s07).
+///
+/// Mechanism. A forgotten reference keeps a statement's result, whose shape the statement gives
+/// every result, while the scratch the operation makes and frees beside it has other shapes
+/// (`torch.topk` keeps its values and indices and frees seven buffers of other sizes: ad09). A
+/// line whose kept blocks are sizes it also let go made like tensors and chose which to keep.
+/// Asked only where iterations come from the loop's statements alone: with passes, what a
+/// training step keeps some of the time (hard examples) is judged by its passes.
+fn kept_by_sampling(cx: &Context, line: FrameId, g: &Group) -> bool {
+    let let_go: FxHashSet<u64> = cx
+        .replay
+        .blocks
+        .iter()
+        .filter(|b| b.freed_at().is_some() && b.alloc_event().is_some() && cx.attr(b) == Attr::Site(line))
+        .map(|b| b.size)
+        .collect();
+    let like = g.blocks.iter().filter(|&&bi| let_go.contains(&cx.replay.blocks[bi].size)).count();
+    2 * like >= g.blocks.len().max(1)
 }
 
 /// Whether what a user line keeps is a cache keyed by the shape of the work: its kept blocks all
