@@ -1467,3 +1467,18 @@ fn one_large_hole_is_cache_not_fragmentation() {
         assert_eq!(of_kind(&out, "fragmentation").len(), 1, "{prefix}:{}", describe(&out));
     }
 }
+
+/// A recurrence unrolled in the training loop (ad03: `h = cell(x[:, t], h)` 96 model calls a
+/// batch, one backward) runs each call site again before its backward: the backward frees their
+/// saved tensors, so every call was trained, not an evaluation window (read before as 16). The
+/// optimizer steps are the 16 windows that allocate, not the `zero_grad` calls at the top of
+/// each step, which only free (read before as 31).
+#[test]
+fn a_recurrence_unrolled_in_the_loop_is_trained_by_its_one_backward() {
+    let out = analyze(&fixture_with_prefix("extra34", "ad03_"));
+    let phases = &out["devices"][0]["phases"];
+    assert_eq!(phases["forward_passes"], 1536, "{phases}");
+    assert_eq!(phases["evaluation_windows"], 0, "{phases}");
+    assert_eq!(phases["optimizer_steps"], 16, "{phases}");
+    assert!(suspects(&out).is_empty(), "ad03:{}", describe(&out));
+}

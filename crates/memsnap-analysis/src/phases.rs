@@ -2,6 +2,7 @@
 //! iterations and evaluation windows.
 
 use memsnap_model::{Action, Annotation, FrameId, TraceEvent, NO_TIME};
+use rustc_hash::FxHashMap;
 
 use crate::stacks::StackTable;
 
@@ -335,6 +336,8 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
                 .any(|b| backward_frees_pass(events, forwards[k].span, b.span));
     }
 
+    differentiated_later(events, &backwards, &mut forwards);
+
     // Evaluation windows: maximal runs of untrained passes.
     let mut eval_windows: Vec<Span> = Vec::new();
     for f in forwards.iter().filter(|f| !f.trained) {
@@ -650,6 +653,50 @@ fn optimizer_window(open: &mut Option<Span>, steps: &mut Vec<Span>, optimizer: b
     } else if alloc {
         if let Some(s) = open.take() {
             steps.push(s);
+        }
+    }
+}
+
+/// Passes that the rule above leaves untrained because another pass from their call site ran
+/// before the next backward, yet whose saved tensors that backward frees: a recurrence unrolled
+/// in the training loop (`h = cell(x[:, t], h)` called once per time step, one backward per
+/// sequence: ad03), a policy called once per environment step with one backward per episode.
+/// A backward frees the saved tensors of the graph it runs through, so such a pass was
+/// differentiated. Each backward is asked about the untrained passes since the backward before
+/// it, in one walk over their events and its own, so the whole trace is walked once.
+fn differentiated_later(events: &[TraceEvent], backwards: &[Backward], forwards: &mut [ForwardPass]) {
+    let mut from = 0u32;
+    let mut k = 0;
+    for b in backwards {
+        let first = k + forwards[k..].partition_point(|f| f.span.start < from);
+        let last = first + forwards[first..].partition_point(|f| f.span.start < b.span.start);
+        k = last;
+        from = b.span.end;
+        if !forwards[first..last].iter().any(|f| !f.trained) {
+            continue;
+        }
+        // Live blocks the untrained passes allocated, by address: the pass's index.
+        let mut live: FxHashMap<u64, usize> = FxHashMap::default();
+        let mut pass = first;
+        let end = b.span.end.min(events.len() as u32);
+        for i in forwards[first].span.start..end {
+            let e = &events[i as usize];
+            while pass < last && forwards[pass].span.end <= i {
+                pass += 1;
+            }
+            match e.action() {
+                Action::Alloc if pass < last && forwards[pass].span.contains(i) && !forwards[pass].trained => {
+                    live.insert(e.addr, pass);
+                }
+                Action::FreeRequested | Action::FreeCompleted => {
+                    if let Some(p) = live.remove(&e.addr) {
+                        if b.span.contains(i) {
+                            forwards[p].trained = true;
+                        }
+                    }
+                }
+                _ => {}
+            }
         }
     }
 }
