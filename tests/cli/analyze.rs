@@ -1471,8 +1471,9 @@ fn one_large_hole_is_cache_not_fragmentation() {
 /// A recurrence unrolled in the training loop (ad03: `h = cell(x[:, t], h)` 96 model calls a
 /// batch, one backward) runs each call site again before its backward: the backward frees their
 /// saved tensors, so every call was trained, not an evaluation window (read before as 16). The
-/// optimizer steps are the 16 windows that allocate, not the `zero_grad` calls at the top of
-/// each step, which only free (read before as 31).
+/// optimizer steps are Adam's 16, not those and the `zero_grad` calls between forward and
+/// backward, which only free (read before as 31); an SGD whose steps allocate nothing shows one
+/// step per iteration through its `zero_grad` (ab05: 44).
 #[test]
 fn a_recurrence_unrolled_in_the_loop_is_trained_by_its_one_backward() {
     let out = analyze(&fixture_with_prefix("extra34", "ad03_"));
@@ -1481,4 +1482,6 @@ fn a_recurrence_unrolled_in_the_loop_is_trained_by_its_one_backward() {
     assert_eq!(phases["evaluation_windows"], 0, "{phases}");
     assert_eq!(phases["optimizer_steps"], 16, "{phases}");
     assert!(suspects(&out).is_empty(), "ad03:{}", describe(&out));
+    let out = analyze(&fixture_with_prefix("extra32", "ab05_"));
+    assert_eq!(out["devices"][0]["phases"]["optimizer_steps"], 44);
 }

@@ -89,9 +89,7 @@ pub struct PhaseSummary {
     pub backward_passes: usize,
     pub forward_passes: usize,
     pub eval_windows: Vec<Span>,
-    /// Optimizer steps the trace shows: windows of `torch/optim` frames that allocate (a step's
-    /// state and scratch). A window that only frees is `zero_grad(set_to_none=True)` called
-    /// apart from the step; a step that allocates nothing (SGD in place) leaves no trace.
+    /// Optimizer steps the trace shows ([`Phases::steps_shown`]).
     pub optimizer_steps: usize,
     /// Every `user_metadata` and `compile_context` value of the trace, as named phases.
     pub labels: Vec<LabelSpan>,
@@ -570,13 +568,7 @@ fn analyze_device(
         backward_passes: phases.backwards.len(),
         forward_passes: phases.forwards.len(),
         eval_windows: phases.eval_windows.clone(),
-        optimizer_steps: phases
-            .optimizer_steps
-            .iter()
-            .filter(|w| {
-                events[w.start as usize..w.end as usize].iter().any(|e| e.action() == memsnap_model::Action::Alloc)
-            })
-            .count(),
+        optimizer_steps: phases.steps_shown(events),
         labels,
     };
     let cache = (!snap.profiler_converted()).then(|| {

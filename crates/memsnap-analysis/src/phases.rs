@@ -99,6 +99,24 @@ pub struct Phases {
 }
 
 impl Phases {
+    /// How many optimizer steps the trace shows: the `torch/optim` windows that allocate (a
+    /// step's state and scratch), or, when more, the iterations that hold an optimizer window.
+    /// A step that allocates nothing (SGD in place) leaves no event of its own, only the
+    /// `zero_grad(set_to_none=True)` that frees the gradients, once per iteration (ab05); and a
+    /// `zero_grad` called apart from the step, after the forward pass, is a window that only
+    /// frees, which is not a step of its own (ad03: 16 steps, not 31).
+    pub fn steps_shown(&self, events: &[TraceEvent]) -> usize {
+        let allocating = self
+            .optimizer_steps
+            .iter()
+            .filter(|w| events[w.start as usize..w.end as usize].iter().any(|e| e.action() == Action::Alloc))
+            .count();
+        let mut iterations: Vec<usize> =
+            self.optimizer_steps.iter().filter_map(|w| self.iteration_of(w.start)).collect();
+        iterations.dedup();
+        allocating.max(iterations.len())
+    }
+
     /// Is event `i` one of [`Phases::worker_events`]?
     pub fn on_worker(&self, i: u32) -> bool {
         !self.worker_events.is_empty() && self.worker_events.binary_search(&i).is_ok()
