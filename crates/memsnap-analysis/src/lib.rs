@@ -449,16 +449,18 @@ fn analyze_device(
                 memsnap_model::bytes_exact(backward_bytes)
             ));
         }
-        if let (count @ 1.., Some((before, after))) = phases.unnamed_launches {
+        if let (count @ 1.., Some((before, after))) =
+            (phases.unnamed_launches.count, phases.unnamed_launches.first_between)
+        {
             let line = |f: Option<memsnap_model::FrameId>| {
-                f.map_or_else(|| "the start".to_string(), |f| site::short_of(snap, f))
+                f.map_or_else(|| "code with no user frame".to_string(), |f| site::short_of(snap, f))
             };
             caveats.push(format!(
                 "{} allocated nothing from Python at {} launch, so the trace does not record the launching line (a call handed its seed: `torch.autograd.grad(..., grad_outputs=v)`, `t.backward(g)`, `vjp_fn(v)`; or a backward launched from another device's trace); the engine's blocks are attributed to a backward at an unknown line. The first was launched between {} and {}",
                 memsnap_model::plural(count as u64, "backward pass", "backward passes"),
                 if count == 1 { "its" } else { "their" },
                 line(before),
-                after.map_or_else(|| "the end of the trace".to_string(), |f| site::short_of(snap, f))
+                after.map_or_else(|| "the end of the trace".to_string(), line)
             ));
         }
         if !d.check.matches_snapshot {

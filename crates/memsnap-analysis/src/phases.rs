@@ -92,10 +92,17 @@ pub struct Phases {
     /// freed it (`_record_memory_history(context="alloc")`; see [`free_stacks_are_alloc_stacks`]).
     /// Their frames then say nothing about where the program was when the block was freed.
     pub free_stacks_from_alloc: bool,
-    /// Backward passes whose launch line the trace does not show (see `EngineRun`): how many,
-    /// and the user lines the program ran just before and just after the first of them (the
-    /// launch lies between the two).
-    pub unnamed_launches: (usize, Option<(Option<FrameId>, Option<FrameId>)>),
+    /// Backward passes whose launch line the trace does not show (see `EngineRun`).
+    pub unnamed_launches: UnnamedLaunches,
+}
+
+/// [`Phases::unnamed_launches`]: how many, and where the first one lies: the user line of the
+/// Python-framed event just before it and of the one just after it (`None`: that event ran no
+/// user code), or no event after it (the trace ends in it).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct UnnamedLaunches {
+    pub count: usize,
+    pub first_between: Option<(Option<FrameId>, Option<Option<FrameId>>)>,
 }
 
 impl Phases {
@@ -315,14 +322,14 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
     if let Some((start, before, true)) = open_run.take() {
         engine_runs.push(EngineRun { span: Span { start, end: n }, before, after: None });
     }
-    let mut unnamed_launches = (0, None);
+    let mut unnamed_launches = UnnamedLaunches::default();
     if !engine_runs.is_empty() {
         for r in &engine_runs {
             let line = r.launch_line(events, stacks);
             if line.is_none() {
-                unnamed_launches.0 += 1;
+                unnamed_launches.count += 1;
                 let site = |i: u32| stacks.get(events[i as usize].stack).site;
-                unnamed_launches.1.get_or_insert((site(r.before), r.after.and_then(site)));
+                unnamed_launches.first_between.get_or_insert((site(r.before), r.after.map(site)));
             }
             backwards.push(Backward { span: r.span, line });
         }
@@ -471,13 +478,10 @@ fn loop_iterations(events: &[TraceEvent], stacks: &StackTable, phases: &Phases) 
         .collect();
     let mut depth = varying_depth(&scope, 0)?;
     let mut best = statements(&scope, depth).into_iter().max_by(|a, b| a.entered_more(b))?;
-    loop {
-        let Some(dominant) = statements(&scope, depth)
-            .into_iter()
-            .max_by(|a, b| a.allocations.cmp(&b.allocations).then(b.first.cmp(&a.first)))
-        else {
-            break;
-        };
+    while let Some(dominant) = statements(&scope, depth)
+        .into_iter()
+        .max_by(|a, b| a.allocations.cmp(&b.allocations).then(b.first.cmp(&a.first)))
+    {
         let inner: Vec<(u32, &[FrameId])> =
             scope.iter().copied().filter(|(_, f)| frame_at(f, depth) == Some(dominant.frame)).collect();
         let Some(inner_depth) = varying_depth(&inner, depth + 1) else { break };
@@ -533,7 +537,7 @@ impl Statement {
 /// The statements at `depth`, in the order first met.
 fn statements(allocs: &[(u32, &[FrameId])], depth: usize) -> Vec<Statement> {
     let mut out: Vec<Statement> = Vec::new();
-    let mut index: rustc_hash::FxHashMap<FrameId, usize> = Default::default();
+    let mut index: FxHashMap<FrameId, usize> = FxHashMap::default();
     let mut previous: Option<FrameId> = None;
     for (k, &(i, frames)) in allocs.iter().enumerate() {
         let here = frame_at(frames, depth);
