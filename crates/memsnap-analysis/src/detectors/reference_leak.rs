@@ -476,7 +476,7 @@ impl Detector for ReferenceLeak {
             };
             let built_into_model = matches!(key, Key::Line(_, Origin::Construction)) && built_into_the_model(cx, g);
             let full = at_capacity(cx, g, |k| occurrence_start(k, g.pass_occurrences));
-            let per_shape = matches!(key, Key::Line(_, Origin::User)) && keyed_by_shape(cx, g);
+            let per_shape = loop_only && matches!(key, Key::Line(_, Origin::User)) && keyed_by_shape(cx, g);
             if stopped || built_into_model || full || per_shape {
                 stopped_filling.insert(*key);
             }
@@ -737,6 +737,10 @@ fn kept_by_sampling(cx: &Context, line: FrameId, g: &Group) -> bool {
 /// in the iterations where the shape was new, and bounded by the shapes the program uses. A
 /// forgotten reference keeps what the iterations made, whose sizes repeat when the shapes do
 /// (a fixed batch), or which it makes in every iteration when they vary (variable lengths).
+/// Asked only where iterations come from the loop's statements alone (ac21's simulation): in a
+/// training loop a line that keeps some of its batches, of varying lengths (hard examples),
+/// would read the same, and caches there are judged by the loop going on without the line
+/// (`iterations_went_on_without_the_line`) and by their passes.
 fn keyed_by_shape(cx: &Context, g: &Group) -> bool {
     let (Some(&first), iterations) = (g.eligible.first(), cx.phases.iteration_count()) else { return false };
     let mut sizes: Vec<u64> = g.blocks.iter().map(|&bi| cx.replay.blocks[bi].size).collect();
