@@ -324,8 +324,18 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
     }
     let mut unnamed_launches = UnnamedLaunches::default();
     if !engine_runs.is_empty() {
+        // A run right after Python code with no user frame at all follows a library's callback
+        // that the engine ran on its own thread (FSDP's post-backward hooks end the window they
+        // run in): the same backward going on, the launched one before it.
+        let launched: Vec<(u32, Option<FrameId>)> = backwards.iter().map(|b| (b.span.start, b.line)).collect();
         for r in &engine_runs {
-            let line = r.launch_line(events, stacks);
+            let after_callback = stacks.get(events[r.before as usize].stack).site.is_none();
+            let line = if after_callback {
+                let k = launched.partition_point(|(start, _)| *start < r.span.start);
+                k.checked_sub(1).and_then(|k| launched[k].1)
+            } else {
+                r.launch_line(events, stacks)
+            };
             if line.is_none() {
                 unnamed_launches.count += 1;
                 let site = |i: u32| stacks.get(events[i as usize].stack).site;
