@@ -487,21 +487,24 @@ fn loop_iterations(events: &[TraceEvent], stacks: &StackTable, phases: &Phases) 
         })
         .collect();
     let mut depth = varying_depth(&scope, 0)?;
-    let mut best = statements(&scope, depth).into_iter().max_by(|a, b| a.entered_more(b))?;
-    while let Some(dominant) = statements(&scope, depth)
-        .into_iter()
-        .max_by(|a, b| a.allocations.cmp(&b.allocations).then(b.first.cmp(&a.first)))
+    // The statements of the level being read, and which of them was entered most often.
+    let mut level = statements(&scope, depth);
+    let mut best = most_entered(&level)?;
+    while let Some(dominant) =
+        level.iter().max_by(|a, b| a.allocations.cmp(&b.allocations).then(b.first.cmp(&a.first))).map(|s| s.frame)
     {
         let inner: Vec<(u32, &[FrameId])> =
-            scope.iter().copied().filter(|(_, f)| frame_at(f, depth) == Some(dominant.frame)).collect();
+            scope.iter().copied().filter(|(_, f)| frame_at(f, depth) == Some(dominant)).collect();
         let Some(inner_depth) = varying_depth(&inner, depth + 1) else { break };
-        match statements(&inner, inner_depth).into_iter().max_by(|a, b| a.entered_more(b)) {
-            Some(deeper) if deeper.starts.len() >= DEEPER_LOOP_FACTOR * best.starts.len() => {
-                (scope, depth, best) = (inner, inner_depth, deeper);
+        let deeper = statements(&inner, inner_depth);
+        match most_entered(&deeper) {
+            Some(k) if deeper[k].starts.len() >= DEEPER_LOOP_FACTOR * level[best].starts.len() => {
+                (scope, depth, level, best) = (inner, inner_depth, deeper, k);
             }
             _ => break,
         }
     }
+    let best = level.swap_remove(best);
     (best.starts.len() >= 2).then_some((best.frame, best.starts))
 }
 
@@ -537,11 +540,12 @@ struct Statement {
     allocations: usize,
 }
 
-impl Statement {
-    /// Entered more often; on a tie, entered first.
-    fn entered_more(&self, other: &Statement) -> std::cmp::Ordering {
-        self.starts.len().cmp(&other.starts.len()).then(other.first.cmp(&self.first))
-    }
+/// The statement entered most often (ties: the one entered first), by index.
+fn most_entered(level: &[Statement]) -> Option<usize> {
+    (0..level.len()).max_by(|&a, &b| {
+        let (a, b) = (&level[a], &level[b]);
+        a.starts.len().cmp(&b.starts.len()).then(b.first.cmp(&a.first))
+    })
 }
 
 /// The statements at `depth`, in the order first met.

@@ -447,8 +447,9 @@ impl Detector for ReferenceLeak {
         // line that keeps a sample of like tensors it makes and lets go holds them by a policy
         // (`kept_by_sampling`).
         let loop_only = cx.phases.iteration_source == IterationSource::Loop;
+        let sampled = if loop_only { kept_by_sampling(cx, &groups) } else { BTreeSet::new() };
         let grows_anyhow = |key: &Key, g: &Group| {
-            if loop_only && matches!(key, Key::Line(Some(line), _) if kept_by_sampling(cx, *line, g)) {
+            if sampled.contains(key) {
                 return false;
             }
             cx.is_growth(g.kept.len(), g.eligible.len())
@@ -706,7 +707,7 @@ fn iterations_went_on_without_the_line(cx: &Context, eligible: &[usize]) -> bool
     eligible.len() >= cx.thresholds.min_leak_occurrences && after >= eligible.len() && after > longest_pause
 }
 
-/// Whether most of the blocks a line kept have a size that blocks the same line made and let go
+/// The groups most of whose kept blocks have a size that blocks the same line made and let go
 /// also had: the line keeps a sample of like tensors (every 17th of a list of randomly sized
 /// tensors, to fragment the cache: s07).
 ///
@@ -715,17 +716,26 @@ fn iterations_went_on_without_the_line(cx: &Context, eligible: &[usize]) -> bool
 /// (`torch.topk` keeps its values and indices and frees seven buffers of other sizes: ad09). A
 /// line whose kept blocks are sizes it also let go made like tensors and chose which to keep.
 /// Asked only where iterations come from the loop's statements alone: with passes, what a
-/// training step keeps some of the time (hard examples) is judged by its passes.
-fn kept_by_sampling(cx: &Context, line: FrameId, g: &Group) -> bool {
-    let let_go: FxHashSet<u64> = cx
-        .replay
-        .blocks
+/// training step keeps some of the time (hard examples) is judged by its passes. One walk over
+/// the blocks gathers the sizes every line let go.
+fn kept_by_sampling(cx: &Context, groups: &BTreeMap<Key, Group>) -> BTreeSet<Key> {
+    let mut let_go: FxHashMap<FrameId, FxHashSet<u64>> = FxHashMap::default();
+    for b in cx.replay.blocks.iter().filter(|b| b.freed_at().is_some() && b.alloc_event().is_some()) {
+        if let Attr::Site(line) = cx.attr(b) {
+            let_go.entry(line).or_default().insert(b.size);
+        }
+    }
+    groups
         .iter()
-        .filter(|b| b.freed_at().is_some() && b.alloc_event().is_some() && cx.attr(b) == Attr::Site(line))
-        .map(|b| b.size)
-        .collect();
-    let like = g.blocks.iter().filter(|&&bi| let_go.contains(&cx.replay.blocks[bi].size)).count();
-    2 * like >= g.blocks.len().max(1)
+        .filter(|(key, g)| {
+            let Key::Line(Some(line), _) = key else { return false };
+            let sizes = let_go.get(line);
+            let like =
+                g.blocks.iter().filter(|&&bi| sizes.is_some_and(|s| s.contains(&cx.replay.blocks[bi].size))).count();
+            2 * like >= g.blocks.len().max(1)
+        })
+        .map(|(key, _)| *key)
+        .collect()
 }
 
 /// Whether what a user line keeps is a cache keyed by the shape of the work: its kept blocks all
