@@ -1491,3 +1491,48 @@ fn a_recurrence_unrolled_in_the_loop_is_trained_by_its_one_backward() {
     let out = analyze(&fixture_with_prefix("extra32", "ab05_"));
     assert_eq!(out["devices"][0]["phases"]["optimizer_steps"], 44);
 }
+
+/// A value let go as its function returns is no replaced cache entry: af18's evaluation function
+/// copies its input (`x = xb.clone().requires_grad_()`), appends the saliency map it computes to
+/// a global list and returns; the copy is freed at the caller's line right after the map was
+/// made, of the map's size. The store test asks that the free hold the new tensor's line (read
+/// before as a cache at capacity, so nothing).
+#[test]
+fn a_local_freed_at_return_is_not_a_replaced_entry() {
+    let path = fixture_with_prefix("extra36", "af18_");
+    let script = format!("{}.py", stem(&path));
+    let out = analyze(&path);
+    assert!(of_kind(&out, "reference_leak").iter().any(|s| at(s, &script, 33)), "{}", describe(&out));
+}
+
+/// Optimizers remade per stage while the old ones stay referenced, after a head of another width
+/// was swapped in (af16: three Adams over the same backbone, made every 10 steps): state made
+/// again for the same parameters is counted per optimizer, not per iteration, and a changed head
+/// beside the repeated backbone sizes does not hide it (read before as nothing). One optimizer
+/// handed a new parameter each iteration (t06) stays "new parameters", not restarts.
+#[test]
+fn optimizers_remade_per_stage_and_kept_are_a_leak() {
+    let path = fixture_with_prefix("extra36", "af16_");
+    let script = format!("{}.py", stem(&path));
+    let out = analyze(&path);
+    let found = of_kind(&out, "reference_leak");
+    assert!(found.iter().any(|s| at(s, &script, 63)), "{}", describe(&out));
+    assert_eq!(found[0]["facts"]["origin"], "optimizer_state_remade", "{}", describe(&out));
+    let out = analyze(&fixture_with_prefix("extra7", "t06_"));
+    assert_eq!(of_kind(&out, "reference_leak")[0]["facts"]["origin"], "optimizer_state", "{}", describe(&out));
+}
+
+/// A discriminator updated every other step whose loss is logged as a tensor (af14): the skipped
+/// steps' graphs are kept, and with them the real batch and the generated images their
+/// convolutions saved; the last skipped pass, with no later pass of its line, is one more skipped
+/// step, not an evaluation. One retained_graph at the loss line (read before as that, plus two
+/// kept-input reference leaks, a missing `no_grad` and gradients held through "evaluation").
+#[test]
+fn a_skipped_steps_graph_holds_its_inputs_and_its_last_pass_is_no_evaluation() {
+    let path = fixture_with_prefix("extra36", "af14_");
+    let script = format!("{}.py", stem(&path));
+    let out = analyze(&path);
+    let all = suspects(&out);
+    assert_eq!(all.len(), 1, "{}", describe(&out));
+    assert!(of_kind(&out, "retained_graph").iter().any(|s| at(s, &script, 70)), "{}", describe(&out));
+}

@@ -472,7 +472,7 @@ fn analyze_device(
     }
     caveats.extend(lifecycle::undecided_passes(&lifecycle, thresholds).into_iter().map(|(site, passes, saved)| {
         format!(
-            "{} at {} ran with grad on and no backward, each between trained passes of the same code that saved as many tensors (the same module mode, so no dropout or batch-norm difference): training steps whose backward was skipped (an exception, a `continue`) or a one-batch evaluation run through the training code without `torch.no_grad()`; the allocations cannot tell which. Each graph ({}) lived until the next pass rebound its variables; if this is an evaluation, run it under `torch.no_grad()`",
+            "{} at {} ran with grad on and no backward, each between trained passes of the same code (or, the last, after one) that saved as many tensors (the same module mode, so no dropout or batch-norm difference): training steps whose backward was skipped (an exception, a `continue`) or a one-batch evaluation run through the training code without `torch.no_grad()`; the allocations cannot tell which. Each graph ({}) lived until the next pass rebound its variables; if this is an evaluation, run it under `torch.no_grad()`",
             memsnap_model::plural(passes as u64, "forward pass", "forward passes"),
             site.map_or_else(|| "an unknown line".to_string(), |f| site::short_of(snap, f)),
             memsnap_model::format_bytes(saved, 2)

@@ -630,6 +630,12 @@ fn retained_together(phases: &Phases, units: &mut [Unit]) {
 /// when it left as many blocks alive as one of its two neighbours. A model whose forward is the
 /// same in both modes (no dropout, no batch norm) gives no such sign: such a pass stays
 /// *abandoned*, and `undecided_passes` says it may be either.
+///
+/// The last pass of a call site has no later pass to stand between. When the same code path
+/// already skipped its backward between two consumed passes, the program's control flow is known
+/// to skip there (a discriminator updated every other step, whose loss is still computed each
+/// step: af14); a last pass of that code path that saved as many tensors as the pass before it,
+/// itself consumed or skipped, is one more such step, cut off by the end of the trace.
 fn abandoned_training_passes(events: &[TraceEvent], stacks: &StackTable, units: &mut [Unit]) {
     let chain = |u: &Unit| stacks.get(events[u.pass_span.start as usize].stack).caller_chain;
     let consumed = |u: &Unit| matches!(u.fate, UnitFate::Consumed { .. });
@@ -662,7 +668,28 @@ fn abandoned_training_passes(events: &[TraceEvent], stacks: &StackTable, units: 
             }
         }
     }
-    for k in marks {
+    // The last pass of a code path that skipped its backward before (see above).
+    let skipping: FxHashSet<(Option<FrameId>, u64)> =
+        marks.iter().map(|&k| (units[k].call_site, chain(&units[k]))).collect();
+    let mut last_ones = Vec::new();
+    for k in 0..units.len() {
+        let u = &units[k];
+        if next[k].is_some()
+            || u.fate != UnitFate::Unconsumed
+            || !u.grad_on
+            || !skipping.contains(&(u.call_site, chain(u)))
+        {
+            continue;
+        }
+        if let Some(p) = prev[k] {
+            let before = &units[p];
+            let consumed_or_skipped = consumed(before) || marks.contains(&p);
+            if consumed_or_skipped && chain(before) == chain(u) && before.survived_pass == u.survived_pass {
+                last_ones.push(k);
+            }
+        }
+    }
+    for k in marks.into_iter().chain(last_ones) {
         units[k].fate = UnitFate::Abandoned;
     }
 }
@@ -678,11 +705,17 @@ fn abandoned_training_passes(events: &[TraceEvent], stacks: &StackTable, units: 
 /// `no_grad_missing` nor `retained_graph` can be named; the caveat says both readings.
 pub fn undecided_passes(lc: &Lifecycle, th: &Thresholds) -> Vec<(Option<FrameId>, usize, u64)> {
     let mut out: Vec<(Option<FrameId>, usize, u64, bool)> = Vec::new();
+    // A call site's last pass has its graph alive at the end of the trace whatever holds it (the
+    // loop's variables still bind it): it says nothing about a reference.
+    let mut last_of_site: FxHashMap<Option<FrameId>, usize> = FxHashMap::default();
+    for (u, unit) in lc.units.iter().enumerate() {
+        last_of_site.insert(unit.call_site, u);
+    }
     for (u, unit) in lc.units.iter().enumerate() {
         if unit.fate != UnitFate::Abandoned {
             continue;
         }
-        let held = lc.graph_held(u);
+        let held = lc.graph_held(u) && last_of_site.get(&unit.call_site) != Some(&u);
         match out.iter_mut().find(|o| o.0 == unit.call_site) {
             Some(o) => {
                 o.1 += 1;

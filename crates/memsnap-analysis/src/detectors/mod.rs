@@ -57,11 +57,24 @@ pub struct Context<'a> {
     /// [`Context::kept_backward_groups`], computed on first use.
     pub kept_backward: std::sync::OnceLock<Vec<BackwardGroup>>,
     /// [`Context::held_by_retained_graph`], computed on first use.
-    pub retained_held: std::sync::OnceLock<Vec<Option<u32>>>,
+    pub retained_held: std::sync::OnceLock<Vec<Option<HeldBy>>>,
     /// [`Context::state_reading`], computed on first use.
     pub(crate) state_read: std::sync::OnceLock<Option<state_only::StateReading>>,
     /// [`Context::growing_chains`], computed on first use.
     pub(crate) chains: std::sync::OnceLock<Vec<reference_leak::Chain>>,
+}
+
+/// The held graph that keeps a block it did not allocate in its pass
+/// ([`Context::held_by_retained_graph`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeldBy {
+    /// The graphs a retaining backward (index into [`Phases::backwards`]) went through.
+    ///
+    /// [`Phases::backwards`]: crate::phases::Phases
+    Backward(u32),
+    /// The graph of unit `u` (index into `Lifecycle::units`), which no backward consumed and a
+    /// reference holds: a stored loss of a pass never backpropagated, a skipped training step.
+    Pass(u32),
 }
 
 /// A detector: reads a [`Context`], returns findings.
@@ -322,16 +335,33 @@ impl Context<'_> {
     ///
     /// [`Thresholds::unevicted_leak_share`]: crate::Thresholds
     pub fn is_unevicted_growth(&self, kept: &[usize], eligible: &[usize]) -> bool {
-        let Some((&final_occurrence, eligible)) = eligible.split_last() else { return false };
+        self.kept_on_to_the_end(kept, eligible)
+            .is_some_and(|(kept, from_first)| kept as f64 >= self.thresholds.unevicted_leak_share * from_first as f64)
+    }
+
+    /// Generations made again and again, each kept (a new optimizer made per stage while the
+    /// earlier ones stay referenced, with their state): at least `min_leak_occurrences` of them
+    /// among the eligible occurrences, going on to the end as [`Context::is_unevicted_growth`]
+    /// asks. No share of the occurrences: a generation is made once per stage, an epoch or a
+    /// task of many iterations, and what repeats is the generation, not the iteration.
+    pub fn is_kept_generations(&self, generations: &[usize], eligible: &[usize]) -> bool {
+        self.kept_on_to_the_end(generations, eligible).is_some()
+    }
+
+    /// `kept` without the final eligible occurrence, when at least `min_leak_occurrences` of them
+    /// go on to the end (no more eligible occurrences after the last kept one than between two
+    /// kept ones): their number, and the eligible occurrences from the first kept one on.
+    fn kept_on_to_the_end(&self, kept: &[usize], eligible: &[usize]) -> Option<(usize, usize)> {
+        let (&final_occurrence, eligible) = eligible.split_last()?;
         let kept = &kept[..kept.partition_point(|&k| k < final_occurrence)];
-        let (Some(&first), Some(&last)) = (kept.first(), kept.last()) else { return false };
+        let (&first, &last) = (kept.first()?, kept.last()?);
         if kept.len() < self.thresholds.min_leak_occurrences {
-            return false;
+            return None;
         }
         let from_first = eligible.len() - eligible.partition_point(|&e| e < first);
         let after_last = eligible.len() - eligible.partition_point(|&e| e <= last);
         let widest_gap = kept.windows(2).map(|w| occurrences_between(eligible, w[0], w[1])).max().unwrap_or(0);
-        kept.len() as f64 >= self.thresholds.unevicted_leak_share * from_first as f64 && after_last <= widest_gap
+        (after_last <= widest_gap).then_some((kept.len(), from_first))
     }
 
     /// This device read from its dump alone (`state_only::read`), `None` when its trace can be
@@ -356,14 +386,16 @@ impl Context<'_> {
         self.kept_backward.get_or_init(|| self.group_kept_backward())
     }
 
-    /// Per block of the replay: the retaining backward (index into [`Phases::backwards`]) whose
-    /// graph, held by a reference, keeps the block to the end though no forward pass of that
-    /// graph allocated it.
+    /// Per block of the replay: the held graph (a retaining backward's, or an unconsumed pass's)
+    /// that keeps the block to the end though no forward pass of that graph allocated it.
     ///
     /// Mechanism. A pass whose graph a retaining backward kept (`retain_graph=True`;
     /// `create_graph=True` implies it) and a reference still holds (*retained by backward*,
     /// [`Lifecycle::graph_held`]) keeps every tensor its operations saved, and three kinds of
-    /// them were not allocated by the pass itself:
+    /// them were not allocated by the pass itself (the first also for a pass no backward ran
+    /// through whose graph a reference holds: a loss stored from an evaluation with grad on, a
+    /// skipped training step's, as a discriminator's loss logged on the steps it is not updated:
+    /// af14, whose real batch and generated images its convolutions saved):
     /// - its inputs, made in its step before it (the batch, or the generator's output fed to a
     ///   discriminator; not the optimizer state a step in between made): the first convolution
     ///   or linear saves its input;
@@ -380,26 +412,33 @@ impl Context<'_> {
     /// operation runs) are none of these, as in the lifecycle. None of them is a separate
     /// reference: they are the graph's, reported as
     /// `retained_graph`, not as a `reference_leak` or kept gradients.
-    pub fn held_by_retained_graph(&self) -> &[Option<u32>] {
+    pub fn held_by_retained_graph(&self) -> &[Option<HeldBy>] {
         self.retained_held.get_or_init(|| self.find_retained_held())
     }
 
-    fn find_retained_held(&self) -> Vec<Option<u32>> {
+    fn find_retained_held(&self) -> Vec<Option<HeldBy>> {
+        use crate::lifecycle::UnitFate;
         let lc = self.lifecycle;
         let bs = &self.replay.blocks;
         let mut out = vec![None; bs.len()];
-        // (the end of the backward before the pass, the pass start, the retaining backward)
-        let windows: Vec<(u32, u32, usize)> = lc
+        // (the end of the backward before the pass, the pass start, the held graph)
+        let windows: Vec<(u32, u32, HeldBy)> = lc
             .units
             .iter()
             .enumerate()
-            .filter_map(|(u, unit)| match unit.fate {
-                crate::lifecycle::UnitFate::RetainedByBackward { backward } if lc.graph_held(u) => {
-                    let k = self.phases.backwards.partition_point(|b| b.span.end <= unit.pass_span.start);
-                    let since = k.checked_sub(1).map_or(0, |k| self.phases.backwards[k].span.end);
-                    Some((since, unit.pass_span.start, backward))
+            .filter_map(|(u, unit)| {
+                let by = match unit.fate {
+                    UnitFate::RetainedByBackward { backward } => HeldBy::Backward(backward as u32),
+                    UnitFate::Unconsumed if unit.grad_on => HeldBy::Pass(u as u32),
+                    UnitFate::Abandoned => HeldBy::Pass(u as u32),
+                    _ => return None,
+                };
+                if !lc.graph_held(u) {
+                    return None;
                 }
-                _ => None,
+                let k = self.phases.backwards.partition_point(|b| b.span.end <= unit.pass_span.start);
+                let since = k.checked_sub(1).map_or(0, |k| self.phases.backwards[k].span.end);
+                Some((since, unit.pass_span.start, by))
             })
             .collect();
         if windows.is_empty() {
@@ -413,7 +452,10 @@ impl Context<'_> {
         // tensors the same reference keeps (r01: 68 MiB a step of the second derivative's
         // products, read before as the engine's blocks kept apart).
         let mut retaining: std::collections::BTreeMap<usize, usize> = Default::default();
-        for &(_, _, backward) in &windows {
+        for backward in windows.iter().filter_map(|w| match w.2 {
+            HeldBy::Backward(k) => Some(k as usize),
+            HeldBy::Pass(_) => None,
+        }) {
             let end = self.phases.backwards[backward].span.end;
             let forwards = &self.phases.forwards;
             let next_pass =
@@ -429,12 +471,12 @@ impl Context<'_> {
         // back, so the first window that starts after `a` is the only one that can hold it: a
         // binary search, not a scan of every window per block (a program that retains the
         // graphs of thousands of passes has as many windows).
-        let input_window = |a: u32| -> Option<usize> {
+        let input_window = |a: u32| -> Option<HeldBy> {
             let w = windows.get(windows.partition_point(|w| w.1 <= a))?;
             (w.0 <= a).then_some(w.2)
         };
         // (iteration, size) of the inputs, with their graph's backward
-        let mut inputs: std::collections::BTreeMap<(usize, u64), u32> = Default::default();
+        let mut inputs: std::collections::BTreeMap<(usize, u64), HeldBy> = Default::default();
         for (bi, b) in bs.iter().enumerate() {
             let Some(a) = b.alloc_event().filter(|_| b.freed_at().is_none()) else { continue };
             // A library's workspace made the first time an operation ran (cuBLAS), not a
@@ -447,16 +489,20 @@ impl Context<'_> {
                 if self.param_sizes.contains(&b.size) {
                     continue;
                 }
-                out[bi] = self.phases.backward_index_at(a).and_then(|k| retaining.get(&k)).map(|&k| k as u32);
+                out[bi] = self
+                    .phases
+                    .backward_index_at(a)
+                    .and_then(|k| retaining.get(&k))
+                    .map(|&k| HeldBy::Backward(k as u32));
             } else if let Some(bw) = input_window(a) {
                 // Optimizer state made by the step between the two passes is no input.
                 let info = self.stacks.get(self.events[a as usize].stack);
                 if info.optimizer || info.construction || info.recompute {
                     continue;
                 }
-                out[bi] = Some(bw as u32);
+                out[bi] = Some(bw);
                 if let Some(it) = self.iteration_of(b) {
-                    inputs.insert((it, b.size), bw as u32);
+                    inputs.insert((it, b.size), bw);
                 }
             }
         }

@@ -456,7 +456,7 @@ impl Detector for ReferenceLeak {
                 || matches!(key, Key::Line(_, Origin::Trained | Origin::NoGrad | Origin::GraphReleased | Origin::User))
                     && !g.evicted
                     && cx.is_unevicted_growth(&g.kept, &g.eligible)
-                || remade.get(key).is_some_and(|r| cx.is_unevicted_growth(r, &g.eligible))
+                || remade.get(key).is_some_and(|r| cx.is_kept_generations(r, &g.eligible))
                 || orphaned.contains_key(key)
                 || grows_with_before_trace.contains(key)
         };
@@ -920,7 +920,12 @@ fn at_capacity(cx: &Context, g: &Group, start: impl Fn(usize) -> Option<u32>) ->
 /// filled at one line and replaced at another (a reservoir filled by `append` until full, then
 /// written at random slots: s13) lets go of the filling line's tensors at the replacing line,
 /// and the replacing line alone reads as growth. Made before the occurrence: a temporary of the
-/// same size freed after the copy that outlives it (`(a * b).clone()`) is no replacement.
+/// same size freed after the copy that outlives it (`(a * b).clone()`) is no replacement. Let go
+/// by the store: where frees carry the freeing code's stack (`context="all"`), the old value's
+/// free holds the new block's line (the statement that stored it, or a helper it called to
+/// store it); a function's local let go as the function returns right after its last
+/// allocation is freed at its caller's line, no store (af18: an evaluation function's input copy,
+/// freed at the call once the function's kept saliency map was made).
 fn replaced_blocks(cx: &Context, g: &Group, start: &impl Fn(usize) -> Option<u32>) -> Vec<usize> {
     let blocks = &cx.replay.blocks;
     let starts: Vec<u32> = g.eligible.iter().filter_map(|&k| start(k)).collect();
@@ -944,12 +949,21 @@ fn replaced_blocks(cx: &Context, g: &Group, start: &impl Fn(usize) -> Option<u32
         return Vec::new();
     }
     let own: FxHashSet<usize> = g.evicted_blocks.iter().copied().collect();
+    // Whether the free at `free` can be the store of the block allocated right before it.
+    let let_go_by_the_store = |free: u32| {
+        let stack_of = |e: u32| cx.events.get(e as usize).map(|e| e.stack);
+        let (Some(freed_by), Some(new)) = (stack_of(free), stack_of(free - 1)) else { return true };
+        let Some(line) = cx.stacks.get(new).site else { return true };
+        cx.phases.free_stacks_from_alloc || freed_by == StackId::EMPTY || cx.snap.stack(freed_by).frames.contains(&line)
+    };
     (0..blocks.len())
         .filter(|bi| !own.contains(bi))
         .filter(|&bi| {
             let b = &blocks[bi];
-            b.freed_at().and_then(|f| wanted.get(&f)).is_some_and(|&(size, occurrence)| {
-                b.size == size && b.alloc_event().is_none_or(|made| made < occurrence)
+            b.freed_at().is_some_and(|f| {
+                wanted.get(&f).is_some_and(|&(size, occurrence)| {
+                    b.size == size && b.alloc_event().is_none_or(|made| made < occurrence)
+                }) && let_go_by_the_store(f)
             })
         })
         .collect()
@@ -1211,8 +1225,9 @@ fn let_go_since(cx: &Context, kept: &[usize], from: u32) -> bool {
 
 /// The iterations in which the optimizer state kept from one `step()` line was made for
 /// parameters the optimizer had already met: the first iteration that kept state, and each later
-/// one whose kept state has the same sizes, made while no more gradient bytes were alive than at
-/// the first.
+/// one whose kept state repeats, size for size, at least [`REMADE_REPEATED_SHARE`] of the first
+/// one's bytes, made while no more gradient bytes were alive than at the first beyond the bytes
+/// of the sizes it does not repeat.
 ///
 /// Mechanism. An optimizer makes its state (Adam: two moments the size of each parameter; SGD
 /// with momentum: one buffer) the first time its `step()` meets a parameter with a gradient, so
@@ -1222,7 +1237,15 @@ fn let_go_since(cx: &Context, kept: &[usize], from: u32) -> bool {
 /// optimizers (a list, their schedulers). The near misses: an optimizer dropped when the next is
 /// made frees its state (evicted, `q15`); layers unfrozen one by one make state of the same sizes
 /// again (identical blocks) but for parameters that just gained gradients, so more gradient
-/// bytes are alive at each such step than at the first (`q16`).
+/// bytes are alive at each such step than at the first (`q16`). A model changed between
+/// optimizers (a head of another width swapped in, the backbone kept: af16) makes state of new
+/// sizes beside the repeated ones, and gradients for the new parameters alone: no more bytes
+/// than their state, since a parameter's state is at least its size (SGD's momentum; Adam's two
+/// moments are twice it). One optimizer handed a new parameter of the same size each iteration
+/// (`add_param_group`: t06) makes state of repeated sizes too, but for a tensor made since, that
+/// lives on: state made again is for old parameters only when new tensors of the repeated sizes,
+/// lasting and made neither by a backward nor by an optimizer, are at most
+/// `1 - REMADE_REPEATED_SHARE` of the repeated bytes.
 fn remade_state(cx: &Context, g: &Group) -> Vec<usize> {
     let blocks = &cx.replay.blocks;
     // Per iteration: the sizes of the state kept from it, and the first event that made it.
@@ -1251,12 +1274,56 @@ fn remade_state(cx: &Context, g: &Group) -> Vec<usize> {
     let mut made = made.into_iter();
     let Some((first, (first_sizes, first_at))) = made.next() else { return Vec::new() };
     let first_gradients = gradient_bytes_at(first_at);
-    std::iter::once(first)
-        .chain(
-            made.filter(|(_, (sizes, at))| *sizes == first_sizes && gradient_bytes_at(*at) <= first_gradients)
-                .map(|(it, _)| it),
-        )
-        .collect()
+    let first_bytes: u64 = first_sizes.iter().sum();
+    // Tensors that may be new parameters: of the first state's sizes, made by neither the
+    // backward nor an optimizer, alive to the end of the trace; (made, size), in order.
+    let size_set: FxHashSet<u64> = first_sizes.iter().copied().collect();
+    let mut lasting: Vec<(u32, u64)> = blocks
+        .iter()
+        .filter(|b| b.freed_at().is_none() && size_set.contains(&b.size))
+        .filter(|b| !matches!(cx.attr(b), Attr::Backward(_)) && !cx.stacks.get(cx.event_stack(b)).optimizer)
+        .filter_map(|b| Some((b.alloc_event()?, b.size)))
+        .collect();
+    lasting.sort_unstable();
+    let mut kept = vec![first];
+    let mut previous = first_at;
+    for (it, (sizes, at)) in made {
+        let repeated = repeated_bytes(&first_sizes, &sizes);
+        let new_sizes = sizes.iter().sum::<u64>() - repeated;
+        // New parameters of the repeated sizes made since the previous state: their own state.
+        let since = &lasting[lasting.partition_point(|l| l.0 < previous)..lasting.partition_point(|l| l.0 < at)];
+        let new_parameters: u64 = since.iter().filter(|l| sizes.binary_search(&l.1).is_ok()).map(|l| l.1).sum();
+        let remade = repeated as f64 >= REMADE_REPEATED_SHARE * first_bytes as f64
+            && new_parameters as f64 <= (1.0 - REMADE_REPEATED_SHARE) * repeated as f64
+            && gradient_bytes_at(at) <= first_gradients + new_sizes;
+        if remade {
+            kept.push(it);
+            previous = at;
+        }
+    }
+    kept
+}
+
+/// Share of the first optimizer state's bytes that state made later must repeat, size for size,
+/// to be the same parameters' state made again (0.9): a model changed between two optimizers
+/// changes a few layers (a new head), not most of its parameters.
+const REMADE_REPEATED_SHARE: f64 = 0.9;
+
+/// Bytes of the sizes two ascending lists share, each size counted as often as both hold it.
+fn repeated_bytes(a: &[u64], b: &[u64]) -> u64 {
+    let (mut i, mut j, mut bytes) = (0, 0, 0);
+    while i < a.len() && j < b.len() {
+        match a[i].cmp(&b[j]) {
+            std::cmp::Ordering::Less => i += 1,
+            std::cmp::Ordering::Greater => j += 1,
+            std::cmp::Ordering::Equal => {
+                bytes += a[i];
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    bytes
 }
 
 /// The iterations whose kept optimizer state, from one `step()` line, outlived its parameters:

@@ -27,7 +27,7 @@ use std::collections::BTreeMap;
 
 use memsnap_model::{FrameId, StackId};
 
-use super::{state_only, Context, Detector, Finding};
+use super::{state_only, Context, Detector, Finding, HeldBy};
 use crate::evidence::{Evidence, GraphHold, Occurrence, Severity, SuspectKind};
 use crate::lifecycle::{BlockFate, UnitFate};
 
@@ -72,19 +72,21 @@ impl Detector for RetainedGraph {
         let lc = cx.lifecycle;
         let th = cx.thresholds;
         let mut groups: BTreeMap<Key, Group> = BTreeMap::new();
-        for (u, unit) in lc.units.iter().enumerate() {
-            let key = match unit.fate {
-                UnitFate::RetainedByBackward { backward } => Key::Backward(cx.phases.backwards[backward].line),
+        let key_of = |u: usize| {
+            let unit = &lc.units[u];
+            match unit.fate {
+                UnitFate::RetainedByBackward { backward } => Some(Key::Backward(cx.phases.backwards[backward].line)),
                 // A reference keeps the graph only when it keeps what the graph saved; a kept
                 // detached output or input of a graph let go is `reference_leak`'s.
-                UnitFate::Unconsumed if unit.grad_on && lc.graph_held(u) => Key::Kept(unit.call_site),
-                UnitFate::Unconsumed if unit.grad_on => continue,
+                UnitFate::Unconsumed if unit.grad_on && lc.graph_held(u) => Some(Key::Kept(unit.call_site)),
                 // A training pass whose backward was skipped: held only by a reference.
-                UnitFate::Abandoned if lc.graph_held(u) => Key::Skipped(unit.call_site),
-                UnitFate::Abandoned => continue,
-                UnitFate::AwaitingBackward => Key::Awaiting(unit.call_site),
-                _ => continue,
-            };
+                UnitFate::Abandoned if lc.graph_held(u) => Some(Key::Skipped(unit.call_site)),
+                UnitFate::AwaitingBackward => Some(Key::Awaiting(unit.call_site)),
+                _ => None,
+            }
+        };
+        for (u, unit) in lc.units.iter().enumerate() {
+            let Some(key) = key_of(u) else { continue };
             let g = groups.entry(key).or_default();
             g.eligible += 1;
             if let UnitFate::RetainedByBackward { backward } = unit.fate {
@@ -140,16 +142,25 @@ impl Detector for RetainedGraph {
         // (`Context::held_by_retained_graph`).
         let claimed: std::collections::BTreeSet<usize> =
             groups.values().flat_map(|g| g.blocks.iter().copied()).collect();
-        for (bi, bw) in cx.held_by_retained_graph().iter().enumerate() {
-            let Some(bw) = bw else { continue };
-            let Some(g) = groups.get_mut(&Key::Backward(cx.phases.backwards[*bw as usize].line)) else { continue };
+        for (bi, by) in cx.held_by_retained_graph().iter().enumerate() {
+            let b = &cx.replay.blocks[bi];
+            // The group, and the occurrence the block counts in, as the graph's own blocks do:
+            // a retaining backward's iteration, an unconsumed pass's unit.
+            let (key, occurrence) = match by {
+                Some(HeldBy::Backward(k)) => (Key::Backward(cx.phases.backwards[*k as usize].line), cx.iteration_of(b)),
+                Some(HeldBy::Pass(u)) => match key_of(*u as usize) {
+                    Some(key) => (key, Some(*u as usize)),
+                    None => continue,
+                },
+                None => continue,
+            };
+            let Some(g) = groups.get_mut(&key) else { continue };
             if claimed.contains(&bi) {
                 continue;
             }
-            let b = &cx.replay.blocks[bi];
             g.blocks.push(bi);
-            if let Some(it) = cx.iteration_of(b) {
-                g.kept_occurrences.insert(it);
+            if let Some(occurrence) = occurrence {
+                g.kept_occurrences.insert(occurrence);
             }
         }
         let mut out = Vec::new();
