@@ -1536,3 +1536,20 @@ fn a_skipped_steps_graph_holds_its_inputs_and_its_last_pass_is_no_evaluation() {
     assert_eq!(all.len(), 1, "{}", describe(&out));
     assert!(of_kind(&out, "retained_graph").iter().any(|s| at(s, &script, 70)), "{}", describe(&out));
 }
+
+/// What a model's own `forward` makes in a loop is an intermediate, not a result: ag08's decoder
+/// appends each decoding step's attention weights (a softmax in its own `forward`, 24 a pass) to
+/// a list of its own. Named at the softmax line inside the model (read before as an output, at
+/// the decoder call). A compiled model's returned features, made outside any submodule under
+/// `torch.compile`'s wrapper, stay an output at the model call (aa01).
+#[test]
+fn a_models_own_loop_makes_intermediates_not_results() {
+    let path = fixture_with_prefix("extra37", "ag08_");
+    let script = format!("{}.py", stem(&path));
+    let out = analyze(&path);
+    assert!(of_kind(&out, "reference_leak").iter().any(|s| at(s, &script, 61)), "{}", describe(&out));
+    let path = fixture_with_prefix("extra30", "aa01_");
+    let script = format!("{}.py", stem(&path));
+    let out = analyze(&path);
+    assert!(of_kind(&out, "reference_leak").iter().any(|s| at(s, &script, 71)), "{}", describe(&out));
+}

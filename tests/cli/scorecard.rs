@@ -374,6 +374,12 @@ fn scorecard_over_ring_windows() {
         // every tenth, so over a window of 5 iterations the records pile up from one line as a
         // leak's do; the whole trace shows them freed in batches.
         ("ab06_step_records_in_reference_cycles_freed_by_gc_clean", "last20", "clean"),
+        // A discriminator updated every other step, its loss kept every step: the last fifth
+        // holds three of its passes, skipped, consumed, skipped, so none stands between two
+        // consumed ones to show that this code path skips its backward; the two at the ends read
+        // as an evaluation through the training code (the whole trace and its last half name
+        // the one retained_graph).
+        ("af14_dcgan_logger_keeps_d_loss_of_skipped_d_steps_leak", "last20", "no_grad_missing"),
     ];
     alarms_under_settings("scorecard_over_ring_windows", &["last50", "last20"], KNOWN);
 }
@@ -405,9 +411,11 @@ fn scorecard_without_event_stacks() {
         // not the user's batch made before the pass, which joins the graphs
         // (`state_only::inputs_of_graphs`: v07's `images`, u14's `real`, s48's): u14's `fake`,
         // a generator's output that the discriminator's graph saved, made by another model
-        // call; a loss helper that also reshapes (o02); or that keeps its own (s22's state-dict
-        // copy, v11's labels stored beside the logits), read as kept tensors.
+        // call (af14's too, from the steps the discriminator is not updated); a loss helper
+        // that also reshapes (o02); or that keeps its own (s22's state-dict copy, v11's labels
+        // stored beside the logits), read as kept tensors.
         ("u14_dcgan_retain_graph_logged_d_loss_leak", S, "reference_leak"),
+        ("af14_dcgan_logger_keeps_d_loss_of_skipped_d_steps_leak", S, "reference_leak"),
         ("v11_stacks_all_evaluator_history_leak", S, "reference_leak"),
         ("o02_lora_eval_without_no_grad_keeps_loss_leak", S, "reference_leak"),
         ("s22_lr_range_test_val_loss_history_without_no_grad_leak", S, "reference_leak"),
@@ -422,6 +430,9 @@ fn scorecard_without_event_stacks() {
         // them (s36), and the evidence says they may be graphs (`detectors/state_only.rs`).
         ("n02_fasterrcnn_val_without_no_grad_keeps_detections_leak", S, "reference_leak"),
         ("z29_trainer_shared_forward_eval_keeps_logits", S, "reference_leak"),
+        // The same for a temporal convolution net (no norm at all) whose logging forward runs
+        // with grad on and keeps its losses (the words say they may be graphs).
+        ("ag05_context_alloc_tcn_logging_forward_loss_tensors_kept_leak", S, "reference_leak"),
     ];
     // Cut to its last half as well (a ring that wrapped): the same misreadings; x02's evaluation
     // without `no_grad` of a CNN whose batch norms run in eval mode (no twins), which the whole
@@ -527,6 +538,7 @@ fn scorecard_with_allocation_stacks_on_frees() {
         ("s75_dp_sgd_torch_func_per_sample_grads_kept_for_audit_leak", "context-alloc+last50", "unreleased_gradient"),
         ("s75_dp_sgd_torch_func_per_sample_grads_kept_for_audit_leak", "context-alloc+last20", "unreleased_gradient"),
         ("ab06_step_records_in_reference_cycles_freed_by_gc_clean", "context-alloc+last20", "clean"),
+        ("af14_dcgan_logger_keeps_d_loss_of_skipped_d_steps_leak", "context-alloc+last20", "no_grad_missing"),
     ];
     alarms_under_settings(
         "scorecard_with_allocation_stacks_on_frees",

@@ -631,11 +631,12 @@ fn retained_together(phases: &Phases, units: &mut [Unit]) {
 /// same in both modes (no dropout, no batch norm) gives no such sign: such a pass stays
 /// *abandoned*, and `undecided_passes` says it may be either.
 ///
-/// The last pass of a call site has no later pass to stand between. When the same code path
-/// already skipped its backward between two consumed passes, the program's control flow is known
-/// to skip there (a discriminator updated every other step, whose loss is still computed each
-/// step: af14); a last pass of that code path that saved as many tensors as the pass before it,
-/// itself consumed or skipped, is one more such step, cut off by the end of the trace.
+/// The last pass of a call site has no later pass to stand between, nor its first an earlier
+/// one. When the same code path already skipped its backward between two consumed passes, the
+/// program's control flow is known to skip there (a discriminator updated every other step,
+/// whose loss is still computed each step: af14); a first or last pass of that code path that
+/// saved as many tensors as its one neighbour, itself consumed or skipped, is one more such
+/// step, cut off by the end of the trace or by its start (a ring that wrapped).
 fn abandoned_training_passes(events: &[TraceEvent], stacks: &StackTable, units: &mut [Unit]) {
     let chain = |u: &Unit| stacks.get(events[u.pass_span.start as usize].stack).caller_chain;
     let consumed = |u: &Unit| matches!(u.fate, UnitFate::Consumed { .. });
@@ -668,28 +669,28 @@ fn abandoned_training_passes(events: &[TraceEvent], stacks: &StackTable, units: 
             }
         }
     }
-    // The last pass of a code path that skipped its backward before (see above).
+    // The first and the last pass of a code path that skipped its backward elsewhere (see
+    // above): one neighbour only.
     let skipping: FxHashSet<(Option<FrameId>, u64)> =
         marks.iter().map(|&k| (units[k].call_site, chain(&units[k]))).collect();
-    let mut last_ones = Vec::new();
+    let mut at_the_ends = Vec::new();
     for k in 0..units.len() {
         let u = &units[k];
-        if next[k].is_some()
-            || u.fate != UnitFate::Unconsumed
-            || !u.grad_on
-            || !skipping.contains(&(u.call_site, chain(u)))
-        {
+        if u.fate != UnitFate::Unconsumed || !u.grad_on || !skipping.contains(&(u.call_site, chain(u))) {
             continue;
         }
-        if let Some(p) = prev[k] {
-            let before = &units[p];
-            let consumed_or_skipped = consumed(before) || marks.contains(&p);
-            if consumed_or_skipped && chain(before) == chain(u) && before.survived_pass == u.survived_pass {
-                last_ones.push(k);
-            }
+        let neighbour = match (prev[k], next[k]) {
+            (Some(p), None) => p,
+            (None, Some(n)) => n,
+            _ => continue,
+        };
+        let other = &units[neighbour];
+        let consumed_or_skipped = consumed(other) || marks.contains(&neighbour);
+        if consumed_or_skipped && chain(other) == chain(u) && other.survived_pass == u.survived_pass {
+            at_the_ends.push(k);
         }
     }
-    for k in marks.into_iter().chain(last_ones) {
+    for k in marks.into_iter().chain(at_the_ends) {
         units[k].fate = UnitFate::Abandoned;
     }
 }

@@ -244,6 +244,29 @@ impl Detector for ReferenceLeak {
                     };
                     let last_op =
                         cx.phases.forwards[unit.pass].last_alloc.map(|la| cx.stacks.get(cx.events[la as usize].stack));
+                    // In how many runs each stack made the pass's blocks, in allocation order
+                    // (a run: its allocations with no other stack's between them): a statement
+                    // of the model's own `forward` that came back more than `MAX_RESULT_RUNS`
+                    // times between other statements ran in a loop inside the pass (a decoder's
+                    // step), not once as a result does; a compiled graph makes all its buffers in
+                    // one run, from one stack.
+                    let mut runs: FxHashMap<StackId, u32> = FxHashMap::default();
+                    let mut in_pass: Vec<(u32, StackId)> = lc.blocks[u]
+                        .iter()
+                        .filter(|ub| ub.in_pass)
+                        .filter_map(|ub| {
+                            let b = &cx.replay.blocks[ub.block];
+                            Some((b.alloc_event()?, cx.event_stack(b)))
+                        })
+                        .collect();
+                    in_pass.sort_unstable();
+                    let mut previous = None;
+                    for &(_, stack) in &in_pass {
+                        if previous != Some(stack) {
+                            *runs.entry(stack).or_default() += 1;
+                        }
+                        previous = Some(stack);
+                    }
                     for ub in &lc.blocks[u] {
                         let b = &cx.replay.blocks[ub.block];
                         let stack = cx.event_stack(b);
@@ -252,20 +275,31 @@ impl Detector for ReferenceLeak {
                         // where the model's code made it. An output is what the pass's last
                         // operation made, or, when that operation is a statement of the model's
                         // own `forward` (a model that computes its loss and returns
-                        // `(logits, loss)`), what another such statement made: the model's
-                        // top-level results, where intermediates come from its submodules. What
-                        // a hook or a dispatch handler made is fixed at its own line.
+                        // `(logits, loss)`; own: at depth one, or, under a wrapper such as
+                        // `torch.compile`'s, made outside any submodule, its innermost module call
+                        // the model call itself), what another such statement made: the model's
+                        // top-level results, where intermediates come from its submodules, or
+                        // from a statement the `forward` runs in a loop (attention weights per
+                        // decoding step, kept by the model in a list of its own: ag08). What a
+                        // hook or a dispatch handler made is fixed at its own line, and so is
+                        // what the model's own code made outside a submodule that is no output.
+                        let own_code = info.module_call.is_some() && info.module_call == unit.call_site;
+                        let once = !own_code || runs.get(&stack).is_none_or(|&n| n <= MAX_RESULT_RUNS);
                         let output = ub.in_pass
                             && last_op.is_some_and(|l| {
                                 l.innermost_python.is_some()
                                     && l.innermost_python == info.innermost_python
                                     && l.module_call == info.module_call
-                                    || l.model_depth == 1 && info.model_depth == 1
+                                    || (l.model_depth == 1 && info.model_depth == 1
+                                        || own_code && l.module_call == unit.call_site)
+                                        && once
                             });
                         let line = if !ub.in_pass || info.in_module_hook || info.in_dispatch_handler {
                             info.site
                         } else if output {
                             unit.call_site.or(info.site)
+                        } else if own_code {
+                            info.site.or(info.module_call)
                         } else {
                             info.module_call.or(info.site)
                         };
@@ -1303,6 +1337,12 @@ fn remade_state(cx: &Context, g: &Group) -> Vec<usize> {
     }
     kept
 }
+
+/// Runs of allocations one stack of a model's own `forward` may make in a pass and still be a
+/// statement run once (2): a statement makes its tensors in one run (an operation and its
+/// scratch, `topk`'s values and indices), or two when a helper it calls is called again by
+/// another; one run in a Python loop inside the pass comes back once per step (ag08: 24).
+const MAX_RESULT_RUNS: u32 = 2;
 
 /// Share of the first optimizer state's bytes that state made later must repeat, size for size,
 /// to be the same parameters' state made again (0.9): a model changed between two optimizers
