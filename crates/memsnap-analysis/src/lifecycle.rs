@@ -673,6 +673,7 @@ fn abandoned_training_passes(events: &[TraceEvent], stacks: &StackTable, units: 
     // above): one neighbour only.
     let skipping: FxHashSet<(Option<FrameId>, u64)> =
         marks.iter().map(|&k| (units[k].call_site, chain(&units[k]))).collect();
+    let marked: FxHashSet<usize> = marks.iter().copied().collect();
     let mut at_the_ends = Vec::new();
     for k in 0..units.len() {
         let u = &units[k];
@@ -685,7 +686,7 @@ fn abandoned_training_passes(events: &[TraceEvent], stacks: &StackTable, units: 
             _ => continue,
         };
         let other = &units[neighbour];
-        let consumed_or_skipped = consumed(other) || marks.contains(&neighbour);
+        let consumed_or_skipped = consumed(other) || marked.contains(&neighbour);
         if consumed_or_skipped && chain(other) == chain(u) && other.survived_pass == u.survived_pass {
             at_the_ends.push(k);
         }
