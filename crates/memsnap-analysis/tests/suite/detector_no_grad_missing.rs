@@ -212,7 +212,7 @@ fn no_grad_missing_detector_evaluation_saves_few_blocks_from_many_lines() {
 
 /// Near miss: the same share of survivors from two lines (a cache written by every layer at one
 /// line, as a KV cache is, and its outputs) is what a no-grad pass keeps: not grad on, so the
-/// kept blocks are outputs held by a reference.
+/// kept blocks are tensors held by a reference.
 #[test]
 fn no_grad_missing_near_miss_few_survivors_from_few_lines_are_not_grad() {
     let mut p = Program::new(2);
@@ -221,12 +221,16 @@ fn no_grad_missing_near_miss_few_survivors_from_few_lines_are_not_grad() {
     let a = analyze_snapshot(&p.t.finish());
     assert_none_of(&a, SuspectKind::NoGradMissing);
     assert_none_of(&a, SuspectKind::RetainedGraph);
-    // Outputs of passes run without grad, kept by a reference: all 80 at the line that ran the
-    // model.
+    // Tensors of passes run without grad, kept by a reference: the model's own `forward` makes
+    // them in a loop over its layers (20 a pass, at two statements), so they are intermediates,
+    // not one result: 40 at each statement that made them (`MAX_RESULT_RUNS`; a decoder's
+    // per-step attention weights, fixtures/extra37/ag08).
     let leaks = of_kind(&a, SuspectKind::ReferenceLeak);
-    assert!(
-        leaks.iter().any(|s| s.site.as_ref().is_some_and(|f| f.line == 30) && s.bytes == 80 * GRANULE),
-        "{}",
-        describe(&a)
-    );
+    for line in [100, 101] {
+        assert!(
+            leaks.iter().any(|s| s.site.as_ref().is_some_and(|f| f.line == line) && s.bytes == 40 * GRANULE),
+            "{}",
+            describe(&a)
+        );
+    }
 }
