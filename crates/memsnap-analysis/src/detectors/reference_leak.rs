@@ -244,29 +244,8 @@ impl Detector for ReferenceLeak {
                     };
                     let last_op =
                         cx.phases.forwards[unit.pass].last_alloc.map(|la| cx.stacks.get(cx.events[la as usize].stack));
-                    // In how many runs each stack made the pass's blocks, in allocation order
-                    // (a run: its allocations with no other stack's between them): a statement
-                    // of the model's own `forward` that came back more than `MAX_RESULT_RUNS`
-                    // times between other statements ran in a loop inside the pass (a decoder's
-                    // step), not once as a result does; a compiled graph makes all its buffers in
-                    // one run, from one stack.
-                    let mut runs: FxHashMap<StackId, u32> = FxHashMap::default();
-                    let mut in_pass: Vec<(u32, StackId)> = lc.blocks[u]
-                        .iter()
-                        .filter(|ub| ub.in_pass)
-                        .filter_map(|ub| {
-                            let b = &cx.replay.blocks[ub.block];
-                            Some((b.alloc_event()?, cx.event_stack(b)))
-                        })
-                        .collect();
-                    in_pass.sort_unstable();
-                    let mut previous = None;
-                    for &(_, stack) in &in_pass {
-                        if previous != Some(stack) {
-                            *runs.entry(stack).or_default() += 1;
-                        }
-                        previous = Some(stack);
-                    }
+                    // Asked only of blocks the model's own code made (see `runs_per_stack`).
+                    let runs = std::cell::OnceCell::new();
                     for ub in &lc.blocks[u] {
                         let b = &cx.replay.blocks[ub.block];
                         let stack = cx.event_stack(b);
@@ -284,7 +263,11 @@ impl Detector for ReferenceLeak {
                         // hook or a dispatch handler made is fixed at its own line, and so is
                         // what the model's own code made outside a submodule that is no output.
                         let own_code = info.module_call.is_some() && info.module_call == unit.call_site;
-                        let once = !own_code || runs.get(&stack).is_none_or(|&n| n <= MAX_RESULT_RUNS);
+                        let once = !own_code
+                            || runs
+                                .get_or_init(|| runs_per_stack(cx, &lc.blocks[u]))
+                                .get(&stack)
+                                .is_none_or(|&n| n <= MAX_RESULT_RUNS);
                         let output = ub.in_pass
                             && last_op.is_some_and(|l| {
                                 l.innermost_python.is_some()
@@ -1336,6 +1319,32 @@ fn remade_state(cx: &Context, g: &Group) -> Vec<usize> {
         }
     }
     kept
+}
+
+/// In how many runs each stack made a pass's blocks (`blocks`: one unit's), in allocation order:
+/// a run is a stack's allocations with no other stack's between them. A statement of the model's
+/// own `forward` that came back more than `MAX_RESULT_RUNS` times between other statements ran in
+/// a loop inside the pass (a decoder's step), not once as a result does; a compiled graph makes
+/// all its buffers in one run, from one stack.
+fn runs_per_stack(cx: &Context, blocks: &[crate::lifecycle::UnitBlock]) -> FxHashMap<StackId, u32> {
+    let mut in_pass: Vec<(u32, StackId)> = blocks
+        .iter()
+        .filter(|ub| ub.in_pass)
+        .filter_map(|ub| {
+            let b = &cx.replay.blocks[ub.block];
+            Some((b.alloc_event()?, cx.event_stack(b)))
+        })
+        .collect();
+    in_pass.sort_unstable();
+    let mut runs: FxHashMap<StackId, u32> = FxHashMap::default();
+    let mut previous = None;
+    for &(_, stack) in &in_pass {
+        if previous != Some(stack) {
+            *runs.entry(stack).or_default() += 1;
+        }
+        previous = Some(stack);
+    }
+    runs
 }
 
 /// Runs of allocations one stack of a model's own `forward` may make in a pass and still be a
