@@ -1553,3 +1553,52 @@ fn a_models_own_loop_makes_intermediates_not_results() {
     let out = analyze(&path);
     assert!(of_kind(&out, "reference_leak").iter().any(|s| at(s, &script, 71)), "{}", describe(&out));
 }
+
+/// A tensor the model's own `forward` re-makes larger each step is one tensor that grows: ah11's
+/// MoCo module does `self.queue = torch.cat([self.queue, k])` inside its `forward` and never
+/// slices it. Each step's queue frees the one before it, so no block outlives an iteration, yet
+/// the live queue grows by one batch of keys per step (read as clean before: chains were read
+/// outside model calls only). Its twin slicing the queue to the last K rows (ah10) stays clean.
+#[test]
+fn a_tensor_a_model_re_makes_larger_each_step_is_a_leak() {
+    let path = fixture_with_prefix("extra38", "ah11_");
+    let script = format!("{}.py", stem(&path));
+    let out = analyze(&path);
+    let leak = the_one_leak(&out, &script, 71);
+    assert_eq!(leak["facts"]["origin"], "regrown", "{leak}");
+    assert_eq!(leak["growth_bytes_per_iteration"].as_u64(), Some(1 << 20), "{leak}");
+    let out = analyze(&fixture_with_prefix("extra38", "ah10_"));
+    assert!(suspects(&out).iter().all(|s| s["severity"] != "leak"), "{}", describe(&out));
+}
+
+/// Read from the dump's stacks alone (`context="state"`), what a forward hook the user wrote
+/// keeps is named at the hook's line, as with stacks on the trace's events: ah13's attention
+/// clones, made inside the model call by the hook (read before at the training forward's line).
+/// The model output the submodule's own statement made (ah22, with stacks on the events) is
+/// named at the model's line that called the block, with that statement given as `made_at`.
+#[test]
+fn a_hooks_clones_read_from_the_dump_are_named_at_the_hook() {
+    let path = fixture_with_prefix("extra38", "ah13_");
+    let script = format!("{}.py", stem(&path));
+    let out = analyze(&path);
+    the_one_leak(&out, &script, 45);
+    let path = fixture_with_prefix("extra38", "ah22_");
+    let script = format!("{}.py", stem(&path));
+    let out = analyze(&path);
+    let leak = the_one_leak(&out, &script, 72);
+    assert_eq!(leak["facts"]["made_at"]["line"], 59, "{leak}");
+}
+
+/// Split segments pinned mostly by a reported leak's tensors are that leak's footprint, not a
+/// fragmentation suspect of their own: ah13's kept hook clones, carved out between each step's
+/// activations, leave 240 MiB of holes beside them (read before as `fragmentation [waste]`
+/// beside the leak, advising an allocator setting). Fragmentation that no leak pins stays:
+/// z14's variable-length batches.
+#[test]
+fn holes_a_leak_pins_are_the_leaks_not_fragmentation() {
+    let out = analyze(&fixture_with_prefix("extra38", "ah13_"));
+    assert!(of_kind(&out, "fragmentation").is_empty(), "{}", describe(&out));
+    assert_eq!(of_kind(&out, "reference_leak").len(), 1, "{}", describe(&out));
+    let out = analyze(&fixture_with_prefix("extra3", "z14_"));
+    assert_eq!(of_kind(&out, "fragmentation").len(), 1, "{}", describe(&out));
+}

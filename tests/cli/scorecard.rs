@@ -433,6 +433,9 @@ fn scorecard_without_event_stacks() {
         // The same for a temporal convolution net (no norm at all) whose logging forward runs
         // with grad on and keeps its losses (the words say they may be graphs).
         ("ag05_context_alloc_tcn_logging_forward_loss_tensors_kept_leak", S, "reference_leak"),
+        // And for a compiled MLP whose never-backpropagated monitor passes keep their graphs
+        // (ah15): Inductor's fused kernels save a few buffers per pass, with no norm twins.
+        ("ah15_compiled_mlp_trainer_keeps_unbackpropagated_monitor_losses_leak", S, "reference_leak"),
     ];
     // Cut to its last half as well (a ring that wrapped): the same misreadings; x02's evaluation
     // without `no_grad` of a CNN whose batch norms run in eval mode (no twins), which the whole

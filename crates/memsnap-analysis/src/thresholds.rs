@@ -108,6 +108,13 @@ pub struct Thresholds {
     /// freed beside its output: ad10's 164 MiB of 167) serves every request up to its size, as
     /// cache does. The fragmentation the fixtures plant leaves its largest hole 9-15% of them.
     pub fragmentation_max_largest_hole_share: f64,
+    /// ... and not when at least this share (half) of the live bytes that pin the split
+    /// segments belong to a `leak` suspect's blocks. A leak keeps tensors made between the
+    /// step's short-lived ones, so its blocks pin the segments they were carved from and the
+    /// holes beside them only serve requests that fit: the split bytes are the leak's footprint,
+    /// which fixing the leak frees, not a separate problem whose fix is an allocator setting
+    /// (ah13's hook clones, n25's kept outputs, ad08's kept images).
+    pub fragmentation_leak_pin_share: f64,
     /// Share of the reserved peak above the allocated peak (0.35) from which the allocator-cache
     /// section advises on reserved memory (expandable segments, uniform shapes). Some excess is
     /// structural: requests round up (512 B, 2 MiB), small requests take 2 MiB segments and
@@ -148,6 +155,7 @@ impl Thresholds {
         fragmentation_min_split_share: 0.3,
         fragmentation_max_allocated_share: 0.6,
         fragmentation_max_largest_hole_share: 0.5,
+        fragmentation_leak_pin_share: 0.5,
         reserved_excess_share: 0.35,
         reserved_excess_min_bytes: 32 << 20,
     };

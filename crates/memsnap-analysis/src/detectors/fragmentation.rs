@@ -51,16 +51,11 @@ impl Detector for Fragmentation {
         }
         // The live blocks that pin split segments, by the line that allocated them: long-lived
         // tensors allocated between short-lived ones are what keeps the holes from merging.
-        let end = (!cx.events.is_empty()).then(|| cx.events.len() - 1);
-        let state = cx.replay.state_after(end);
-        let pinned = |seg: &&memsnap_replay::SegmentView| {
-            seg.blocks.iter().any(|b| b.state == BlockState::Inactive)
-                && seg.blocks.iter().any(|b| b.state == BlockState::Allocated)
-        };
+        let state = end_state(cx);
         let largest_hole = state
             .segments
             .iter()
-            .filter(pinned)
+            .filter(is_pinned)
             .flat_map(|seg| seg.blocks.iter().filter(|b| b.state == BlockState::Inactive).map(|b| b.size))
             .max()
             .unwrap_or(0);
@@ -68,15 +63,13 @@ impl Detector for Fragmentation {
             return Vec::new();
         }
         let mut pinning: BTreeMap<FrameId, (u64, StackId)> = BTreeMap::new();
-        for seg in state.segments.iter().filter(pinned) {
-            for b in seg.blocks.iter().filter(|b| b.state == BlockState::Allocated) {
-                let Some(life) = b.lifetime.map(|i| &cx.replay.blocks[i]) else { continue };
-                let stack = cx.event_stack(life);
-                let info = cx.stacks.get(stack);
-                if let Some(line) = info.forward_call.or(info.site) {
-                    let e = pinning.entry(line).or_insert((0, stack));
-                    e.0 += b.size;
-                }
+        for (size, life) in pinning_blocks(cx) {
+            let Some(life) = life.map(|i| &cx.replay.blocks[i]) else { continue };
+            let stack = cx.event_stack(life);
+            let info = cx.stacks.get(stack);
+            if let Some(line) = info.forward_call.or(info.site) {
+                let e = pinning.entry(line).or_insert((0, stack));
+                e.0 += size;
             }
         }
         let pin = pinning.iter().max_by(|a, b| a.1 .0.cmp(&b.1 .0).then(b.0.cmp(a.0))).map(|(f, (_, s))| (*f, *s));
@@ -103,4 +96,37 @@ impl Detector for Fragmentation {
             },
         }]
     }
+}
+
+/// The segment table after the trace's last event (the dump's).
+fn end_state(cx: &Context) -> memsnap_replay::MemoryMap {
+    cx.replay.state_after((!cx.events.is_empty()).then(|| cx.events.len() - 1))
+}
+
+/// A segment split between live blocks and free ones.
+fn is_pinned(seg: &&memsnap_replay::SegmentView) -> bool {
+    seg.blocks.iter().any(|b| b.state == BlockState::Inactive)
+        && seg.blocks.iter().any(|b| b.state == BlockState::Allocated)
+}
+
+/// The live blocks at the dump in split segments: `(size, index into the replay's blocks)`.
+fn pinning_blocks(cx: &Context) -> Vec<(u64, Option<usize>)> {
+    end_state(cx)
+        .segments
+        .iter()
+        .filter(is_pinned)
+        .flat_map(|seg| seg.blocks.iter().filter(|b| b.state == BlockState::Allocated).map(|b| (b.size, b.lifetime)))
+        .collect()
+}
+
+/// Whether at least `fragmentation_leak_pin_share` of the live bytes pinning split segments are
+/// `leak_blocks` (the blocks of the device's `leak` suspects): the split is then the leak's
+/// footprint (see [`Thresholds::fragmentation_leak_pin_share`]).
+///
+/// [`Thresholds::fragmentation_leak_pin_share`]: crate::Thresholds
+pub(crate) fn pinned_by_leaks(cx: &Context, leak_blocks: &rustc_hash::FxHashSet<usize>) -> bool {
+    let pins = pinning_blocks(cx);
+    let total: u64 = pins.iter().map(|p| p.0).sum();
+    let by_leaks: u64 = pins.iter().filter(|p| p.1.is_some_and(|i| leak_blocks.contains(&i))).map(|p| p.0).sum();
+    total > 0 && by_leaks as f64 >= cx.thresholds.fragmentation_leak_pin_share * total as f64
 }

@@ -120,9 +120,28 @@ pub fn detect(cx: &Context) -> Vec<Suspect> {
     // Detectors are independent (they read the context only): run side by side, collected in
     // registry order.
     use rayon::prelude::*;
-    let found: Vec<Vec<Suspect>> =
-        REGISTRY.par_iter().map(|d| d.detect(cx).into_iter().filter_map(|f| finish(cx, f)).collect()).collect();
-    let mut out: Vec<Suspect> = found.into_iter().flatten().collect();
+    // Each suspect with the blocks of a `leak` finding (for the fragmentation check below).
+    let found: Vec<Vec<(Suspect, Vec<usize>)>> = REGISTRY
+        .par_iter()
+        .map(|d| {
+            d.detect(cx)
+                .into_iter()
+                .filter_map(|f| {
+                    let blocks = if f.severity == Severity::Leak { f.blocks.clone() } else { Vec::new() };
+                    finish(cx, f).map(|s| (s, blocks))
+                })
+                .collect()
+        })
+        .collect();
+    let found: Vec<(Suspect, Vec<usize>)> = found.into_iter().flatten().collect();
+    // Split segments pinned mostly by a reported leak's tensors are that leak's footprint.
+    let leak_blocks: rustc_hash::FxHashSet<usize> = found.iter().flat_map(|(_, b)| b.iter().copied()).collect();
+    let leak_pinned = |s: &Suspect| {
+        s.kind == SuspectKind::Fragmentation
+            && !leak_blocks.is_empty()
+            && fragmentation::pinned_by_leaks(cx, &leak_blocks)
+    };
+    let mut out: Vec<Suspect> = found.into_iter().map(|(s, _)| s).filter(|s| !leak_pinned(s)).collect();
     out.sort_by(rank);
     out
 }

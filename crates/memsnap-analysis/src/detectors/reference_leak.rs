@@ -618,13 +618,16 @@ impl Detector for ReferenceLeak {
                 }
                 _ => boundaries,
             };
-            // A kept output is named at the line that calls the model; the statement inside the
-            // model that made it may be what keeps it (`self.trace.append(h)` in the model's own
-            // forward), so it is said too.
+            // A kept output is named at the line that calls the model, an intermediate at the
+            // model's line that called the submodule that made it; the statement inside that made
+            // it may be what keeps it (`self.trace.append(h)` in the model's own forward, a
+            // router's `probs` appended to a list of its module's: ah08), so it is said too.
             let largest = cx.stacks.get(g.largest.1);
             let made_at = match origin {
                 LeakOrigin::TrainedForward | LeakOrigin::NoGradForward | LeakOrigin::ReleasedGraphForward
-                    if line.is_some() && largest.forward_call == line && largest.site != line =>
+                    if line.is_some()
+                        && (largest.forward_call == line || largest.module_call == line)
+                        && largest.site != line =>
                 {
                     largest.site.map(|made| cx.site(made))
                 }
@@ -1555,27 +1558,38 @@ fn feeds_growing_passes(cx: &Context, chain: &[usize]) -> Option<[u64; 2]> {
 /// one, iterations the line allocated in)` (see [`regrown`]).
 pub(crate) type Chain = (FrameId, Vec<usize>, usize);
 
-/// Candidate chains (see [`regrown`]): per user line outside model calls, the chain ending at
-/// its last block, when it is growth. Asked by [`regrown`] and by [`input_growth`]; made once per
-/// context ([`Context::growing_chains`]).
+/// Candidate chains (see [`regrown`]): per user line, the chain ending at its last block, when
+/// it is growth. Asked by [`regrown`] and by [`input_growth`]; made once per context
+/// ([`Context::growing_chains`]).
+///
+/// A line inside a model call (the model's own code re-making a tensor it holds, as a MoCo
+/// module's `self.queue = torch.cat([self.queue, k])` in its `forward`: ah11) counts too, with a
+/// stricter share: the chain must grow in `leak_occurrence_share` of the iterations from its
+/// first to the end of the trace, not of those the line allocated in. A model's intermediates
+/// die with their pass (backward frees them, or the next pass's output replaces the previous
+/// one at the same size), so a chain across passes is a tensor the model keeps; but a model
+/// also keeps bounded caches it re-makes larger only when a longer input than any before comes
+/// (a rotary table, a causal mask), at ever rarer iterations, while a queue fed every step grows
+/// in every one. transformers' KV cache (re-made larger each token, let go with its request)
+/// is left out.
 pub(crate) fn chains(cx: &Context) -> Vec<Chain> {
     // Each line's blocks, in allocation order. One thread: this runs inside a `OnceLock`'s
     // initialization, where a thread waiting on rayon's jobs could pick up one that asks for the
     // same lock.
-    let mut by: BTreeMap<FrameId, Vec<usize>> = BTreeMap::new();
+    let mut by: BTreeMap<(FrameId, bool), Vec<usize>> = BTreeMap::new();
     for (bi, b) in cx.replay.blocks.iter().enumerate() {
         if b.alloc_event().is_none() {
             continue;
         }
         let info = cx.stacks.get(b.stack);
         let user_code = info.python
-            && !(info.forward || info.optimizer || info.construction || info.recompute || info.backward_launch);
+            && !(info.kv_cache || info.optimizer || info.construction || info.recompute || info.backward_launch);
         if let Some(site) = info.site.filter(|_| user_code) {
-            by.entry(site).or_default().push(bi);
+            by.entry((site, info.forward)).or_default().push(bi);
         }
     }
     let mut out = Vec::new();
-    for (site, blocks) in by {
+    for ((site, in_model), blocks) in by {
         let bs = &cx.replay.blocks;
         // Blocks are in allocation order. Walk back from the last one while the chain holds.
         let Some(&last) = blocks.last() else { continue };
@@ -1593,11 +1607,15 @@ pub(crate) fn chains(cx: &Context) -> Vec<Chain> {
         }
         chain.reverse();
         let iters: BTreeSet<usize> = chain.iter().filter_map(|&bi| cx.iteration_of(&bs[bi])).collect();
-        let eligible: BTreeSet<usize> = blocks.iter().filter_map(|&bi| cx.iteration_of(&bs[bi])).collect();
-        if !cx.is_growth(iters.len(), eligible.len()) {
+        let eligible = if in_model {
+            iters.first().map_or(0, |&first| cx.phases.iteration_count().saturating_sub(first))
+        } else {
+            blocks.iter().filter_map(|&bi| cx.iteration_of(&bs[bi])).collect::<BTreeSet<usize>>().len()
+        };
+        if !cx.is_growth(iters.len(), eligible) {
             continue;
         }
-        out.push((site, chain, eligible.len()));
+        out.push((site, chain, eligible));
     }
     out
 }

@@ -485,7 +485,11 @@ fn state_groups(cx: &Context) -> Vec<LineBlocks> {
         if info.optimizer || info.backward_launch || info.recompute || info.kv_cache {
             continue;
         }
-        let Some(line) = info.forward_call.or(info.site) else { continue };
+        // What a hook or a dispatch handler the user wrote made is the handler's, named at its
+        // own line as with stacks on the trace's events (`StackInfo::in_module_hook`); the rest
+        // of a model call's blocks at the line that ran the model.
+        let handler = info.in_module_hook || info.in_dispatch_handler;
+        let Some(line) = (if handler { info.site } else { info.forward_call.or(info.site) }) else { continue };
         by.entry((line, info.construction)).or_default().push((bi, stack));
     }
     by.into_iter()
