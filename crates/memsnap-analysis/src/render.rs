@@ -215,6 +215,14 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
                     String::new()
                 };
                 format!("{} {what}.{when}{ops} {tail}.", plural(*blocks, "block", "blocks"))
+            } else if *origin == LeakOrigin::Regrown {
+                // One block of the chain is alive at a time: the words count the versions.
+                format!(
+                    "{} of one tensor from {} of {}, the last still allocated at the end: {what}. {tail}.",
+                    plural(*blocks, "version", "versions"),
+                    occurrences,
+                    plural(*eligible as u64, occurrence.name(), occurrence.plural_name()),
+                )
             } else {
                 // The optimizer itself holds L-BFGS's history, by design.
                 let held = if *origin == LeakOrigin::OptimizerHistory {
