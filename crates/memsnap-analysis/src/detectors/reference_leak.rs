@@ -1564,8 +1564,10 @@ pub(crate) type Chain = (FrameId, Vec<usize>, usize);
 ///
 /// A line inside a model call (the model's own code re-making a tensor it holds, as a MoCo
 /// module's `self.queue = torch.cat([self.queue, k])` in its `forward`: ah11) counts too, with a
-/// stricter share: the chain must grow in `leak_occurrence_share` of the iterations from its
-/// first to the end of the trace, not of those the line allocated in. A model's intermediates
+/// stricter share: the chain must grow in `leak_occurrence_share` of the iterations from the
+/// line's first allocation to the end of the trace, not of those the line allocated in (so a
+/// buffer the model re-made from empty after letting an earlier version go, a bank reset every
+/// epoch, is counted from before its reset). A model's intermediates
 /// die with their pass (backward frees them, or the next pass's output replaces the previous
 /// one at the same size), so a chain across passes is a tensor the model keeps; but a model
 /// also keeps bounded caches it re-makes larger only when a longer input than any before comes
@@ -1608,7 +1610,8 @@ pub(crate) fn chains(cx: &Context) -> Vec<Chain> {
         chain.reverse();
         let iters: BTreeSet<usize> = chain.iter().filter_map(|&bi| cx.iteration_of(&bs[bi])).collect();
         let eligible = if in_model {
-            iters.first().map_or(0, |&first| cx.phases.iteration_count().saturating_sub(first))
+            let first = blocks.iter().find_map(|&bi| cx.iteration_of(&bs[bi]));
+            first.map_or(0, |first| cx.phases.iteration_count().saturating_sub(first))
         } else {
             blocks.iter().filter_map(|&bi| cx.iteration_of(&bs[bi])).collect::<BTreeSet<usize>>().len()
         };
