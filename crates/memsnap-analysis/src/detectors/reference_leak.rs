@@ -1555,7 +1555,8 @@ fn feeds_growing_passes(cx: &Context, chain: &[usize]) -> Option<[u64; 2]> {
 }
 
 /// A user line's re-made, growing tensor: `(line, the chain of its blocks ending at its last
-/// one, iterations the line allocated in)` (see [`regrown`]).
+/// one, the iterations its growth is counted against)`: those the line allocated in, or for a
+/// line inside a model call those from its first allocation to the end (see [`chains`]).
 pub(crate) type Chain = (FrameId, Vec<usize>, usize);
 
 /// Candidate chains (see [`regrown`]): per user line, the chain ending at its last block, when
@@ -1567,13 +1568,12 @@ pub(crate) type Chain = (FrameId, Vec<usize>, usize);
 /// stricter share: the chain must grow in `leak_occurrence_share` of the iterations from the
 /// line's first allocation to the end of the trace, not of those the line allocated in (so a
 /// buffer the model re-made from empty after letting an earlier version go, a bank reset every
-/// epoch, is counted from before its reset). A model's intermediates
-/// die with their pass (backward frees them, or the next pass's output replaces the previous
-/// one at the same size), so a chain across passes is a tensor the model keeps; but a model
-/// also keeps bounded caches it re-makes larger only when a longer input than any before comes
-/// (a rotary table, a causal mask), at ever rarer iterations, while a queue fed every step grows
-/// in every one. transformers' KV cache (re-made larger each token, let go with its request)
-/// is left out.
+/// epoch, is counted from before its reset). A model's intermediates die with their pass
+/// (backward frees them, or the next pass's output replaces the previous one at the same size),
+/// so a chain across passes is a tensor the model keeps; but a model also keeps bounded caches
+/// it re-makes larger only when a longer input than any before comes (a rotary table, a causal
+/// mask), at ever rarer iterations, while a queue fed every step grows in every one.
+/// transformers' KV cache (re-made larger each token, let go with its request) is left out.
 pub(crate) fn chains(cx: &Context) -> Vec<Chain> {
     // Each line's blocks, in allocation order. One thread: this runs inside a `OnceLock`'s
     // initialization, where a thread waiting on rayon's jobs could pick up one that asks for the
