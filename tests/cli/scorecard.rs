@@ -347,6 +347,11 @@ fn scorecard_over_ring_windows() {
         // inside one epoch shows only the gathering, exactly what a leak since the window's start
         // shows.
         ("q25_epoch_outputs_cleared_midrun_dump_clean", "last20", "clean"),
+        // The same for a bank re-made larger each step and reset every epoch (inside the model,
+        // and in the loop), dumped three steps into an epoch: the last half holds the end of
+        // one epoch's growth and the start of the next, three of six iterations growing.
+        ("aj05_contrastive_feature_bank_in_model_reset_each_epoch_clean", "last50", "clean"),
+        ("aj06_contrastive_feature_bank_in_loop_reset_each_epoch_clean", "last50", "clean"),
         // An LRU of 48 entries of varying sizes under `context="state"`, its window 7 iterations
         // long: the bytes within its range of sizes rose from 1.95 to 2.36 MB over the window's
         // troughs as the entries' sizes swung, which so short a window cannot tell from slow
@@ -530,6 +535,8 @@ fn alarms_under_settings(test: &str, settings: &[&str], known: &[(&str, &str, &s
 fn scorecard_with_allocation_stacks_on_frees() {
     const KNOWN: &[(&str, &str, &str)] = &[
         ("q25_epoch_outputs_cleared_midrun_dump_clean", "context-alloc+last20", "clean"),
+        ("aj05_contrastive_feature_bank_in_model_reset_each_epoch_clean", "context-alloc+last50", "clean"),
+        ("aj06_contrastive_feature_bank_in_loop_reset_each_epoch_clean", "context-alloc+last50", "clean"),
         ("s54_context_state_lru_by_count_varlen_encoder_states_clean", "context-alloc+last20", "clean"),
         ("u11_input_grad_create_graph_history_leak", "context-alloc+last50", "unreleased_gradient"),
         ("r01_pinn_burgers_rar_candidate_residuals_create_graph_kept_leak", "context-alloc+last50", "reference_leak"),
