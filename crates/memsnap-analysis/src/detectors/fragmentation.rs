@@ -63,7 +63,7 @@ impl Detector for Fragmentation {
             return Vec::new();
         }
         let mut pinning: BTreeMap<FrameId, (u64, StackId)> = BTreeMap::new();
-        for (size, life) in pinning_blocks(cx) {
+        for (size, life) in pinning_blocks(&state) {
             let Some(life) = life.map(|i| &cx.replay.blocks[i]) else { continue };
             let stack = cx.event_stack(life);
             let info = cx.stacks.get(stack);
@@ -109,9 +109,9 @@ fn is_pinned(seg: &&memsnap_replay::SegmentView) -> bool {
         && seg.blocks.iter().any(|b| b.state == BlockState::Allocated)
 }
 
-/// The live blocks at the dump in split segments: `(size, index into the replay's blocks)`.
-fn pinning_blocks(cx: &Context) -> Vec<(u64, Option<usize>)> {
-    end_state(cx)
+/// The live blocks in `state`'s split segments: `(size, index into the replay's blocks)`.
+fn pinning_blocks(state: &memsnap_replay::MemoryMap) -> Vec<(u64, Option<usize>)> {
+    state
         .segments
         .iter()
         .filter(is_pinned)
@@ -125,7 +125,7 @@ fn pinning_blocks(cx: &Context) -> Vec<(u64, Option<usize>)> {
 ///
 /// [`Thresholds::fragmentation_leak_pin_share`]: crate::Thresholds
 pub(crate) fn pinned_by_leaks(cx: &Context, leak_blocks: &rustc_hash::FxHashSet<usize>) -> bool {
-    let pins = pinning_blocks(cx);
+    let pins = pinning_blocks(&end_state(cx));
     let total: u64 = pins.iter().map(|p| p.0).sum();
     let by_leaks: u64 = pins.iter().filter(|p| p.1.is_some_and(|i| leak_blocks.contains(&i))).map(|p| p.0).sum();
     total > 0 && by_leaks as f64 >= cx.thresholds.fragmentation_leak_pin_share * total as f64
