@@ -1571,6 +1571,49 @@ fn a_tensor_a_model_re_makes_larger_each_step_is_a_leak() {
     assert!(suspects(&out).iter().all(|s| s["severity"] != "leak"), "{}", describe(&out));
 }
 
+/// One line that re-makes one tensor per call (each of aj04's three layers running
+/// `self.mem = torch.cat([self.mem, x.detach()], 1)`, never sliced) is read as one leak of three
+/// tensors: each version is paired with the one its statement replaced, not with the line's
+/// previous block (the layer before's memory, of the same size), which read as no chain at all.
+/// Its twin that slices the memory (aj03) stays clean.
+#[test]
+fn one_line_re_making_a_tensor_per_layer_is_one_leak_of_several_tensors() {
+    let path = fixture_with_prefix("extra40", "aj04_");
+    let script = format!("{}.py", stem(&path));
+    let out = analyze(&path);
+    let leak = the_one_leak(&out, &script, 59);
+    assert_eq!(leak["facts"]["origin"], "regrown", "{leak}");
+    assert_eq!(leak["facts"]["tensors"], 3, "{leak}");
+    let out = analyze(&fixture_with_prefix("extra40", "aj03_"));
+    assert!(suspects(&out).iter().all(|s| s["severity"] != "leak"), "{}", describe(&out));
+}
+
+/// An LSTM language model returns its logits and its two states: under `inference_mode` those 3
+/// blocks outlive each pass (carried to the next chunk), as few as autograd saves of a small
+/// pass. ak18 was read as evaluation with grad on (3 of 9 blocks kept); a pass is read so from
+/// 4 survivors on. Its twin without no_grad (ak17) still reads as both.
+#[test]
+fn an_rnn_returning_its_states_under_inference_mode_is_not_read_as_grad_on() {
+    let out = analyze(&fixture_with_prefix("extra41", "ak18_"));
+    assert!(suspects(&out).is_empty(), "{}", describe(&out));
+    let out = analyze(&fixture_with_prefix("extra41", "ak17_"));
+    assert_eq!(of_kind(&out, "no_grad_missing").len(), 1, "{}", describe(&out));
+    assert_eq!(of_kind(&out, "retained_graph").len(), 1, "{}", describe(&out));
+}
+
+/// A cache filled at its first reads and then only read, of which a wrapped ring kept the last
+/// two filling steps (al10): the like blocks made before the trace count as one more occurrence
+/// for its stopping as they do for its growth, and eight steps read from the full cache. Read
+/// before as a leak. Its twin with new keys every step (al09) is one.
+#[test]
+fn a_cache_full_before_the_ring_wrapped_and_only_read_since_is_bounded() {
+    let out = analyze(&fixture_with_prefix("extra42", "al10_"));
+    assert!(suspects(&out).iter().all(|s| s["severity"] != "leak"), "{}", describe(&out));
+    let path = fixture_with_prefix("extra42", "al09_");
+    let script = format!("{}.py", stem(&path));
+    the_one_leak(&analyze(&path), &script, 63);
+}
+
 /// Read from the dump's stacks alone (`context="state"`), what a forward hook the user wrote
 /// keeps is named at the hook's line, as with stacks on the trace's events: ah13's attention
 /// clones, made inside the model call by the hook (read before at the training forward's line).

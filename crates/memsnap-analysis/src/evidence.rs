@@ -331,6 +331,11 @@ pub enum Evidence {
         /// otherwise (see `detectors/state_only.rs`).
         #[serde(skip_serializing_if = "Option::is_none")]
         operations: Option<usize>,
+        /// For a tensor re-made larger ([`LeakOrigin::Regrown`]): how many tensors the line
+        /// re-makes, one per call of the line in a pass (each layer of a model running it), or
+        /// 1. Absent for other origins.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        tensors: Option<usize>,
     },
     UnreleasedGradient {
         hold: GradientHold,

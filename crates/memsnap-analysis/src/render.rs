@@ -179,7 +179,7 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
         } else {
             String::new()
         },
-        Evidence::ReferenceLeak { origin, blocks, occurrences, eligible, occurrence, made_at, before_trace, operations } => {
+        Evidence::ReferenceLeak { origin, blocks, occurrences, eligible, occurrence, made_at, before_trace, operations, tensors } => {
             let what = match origin {
                 LeakOrigin::TrainedForward => "outputs or intermediates of forward passes whose graphs a backward already freed, so no graph holds them",
                 LeakOrigin::NoGradForward => "outputs of forward passes run without grad (or tensors the code right after them made from them), so no graph holds them",
@@ -216,9 +216,14 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
                 };
                 format!("{} {what}.{when}{ops} {tail}.", plural(*blocks, "block", "blocks"))
             } else if *origin == LeakOrigin::Regrown {
-                // One block of the chain is alive at a time: the words count the versions.
+                // One block of each tensor's chain is alive at a time: the words count the
+                // versions, and the tensors when the line re-makes several.
+                let of = match tensors.unwrap_or(1) {
+                    1 => "one tensor".to_string(),
+                    n => format!("{n} tensors, one per call of this line in a pass (each layer that runs it),"),
+                };
                 format!(
-                    "{} of one tensor from {} of {}, the last still allocated at the end: {what}. {tail}.",
+                    "{} of {of} from {} of {}, the last still allocated at the end: {what}. {tail}.",
                     plural(*blocks, "version", "versions"),
                     occurrences,
                     plural(*eligible as u64, occurrence.name(), occurrence.plural_name()),
@@ -538,6 +543,7 @@ mod tests {
                 made_at: None,
                 before_trace: None,
                 operations: None,
+                tensors: None,
             },
             evidence: String::new(),
             advice: String::new(),

@@ -16,9 +16,11 @@ pub struct Thresholds {
     /// A forward pass is judged for "grad enabled" only when it allocated at least this many
     /// blocks (4): with fewer, the output alone is a large share of what it allocated.
     pub min_pass_blocks: u32,
-    /// Blocks of a forward pass still alive when it returns, beyond which autograd saved them (3).
+    /// Blocks of a forward pass still alive when it returns from which autograd saved them (4).
     /// Under `no_grad` only the outputs survive a pass (one tensor, or a few for modules that
-    /// return several); with grad enabled every operation's saved inputs survive.
+    /// return several: an LSTM language model returns its logits and its two states, 3 blocks,
+    /// carried to the next chunk under `inference_mode`: ak18); with grad enabled every
+    /// operation's saved inputs survive besides.
     pub min_saved_blocks: u32,
     /// Share of a pass's blocks alive when it returns that means autograd saved them (0.3). With
     /// grad enabled most operations save an input or output (linear, matmul, norms, activations,
@@ -115,6 +117,13 @@ pub struct Thresholds {
     /// which fixing the leak frees, not a separate problem whose fix is an allocator setting
     /// (ah13's hook clones, n25's kept outputs, ad08's kept images).
     pub fragmentation_leak_pin_share: f64,
+    /// Share of a re-made tensor's growth (0.5) that the allocated level at the start of its
+    /// iterations must grow by over the same iterations for the tensor to be a leak. A leak makes
+    /// the program hold more, so the level at one point of the loop rises with the tensor; when
+    /// it rises by less than half as much, other memory shrank as the tensor grew (rows moved
+    /// from an unlabeled pool into a labeled set re-made larger: s19), and the bytes moved rather
+    /// than grew. Half leaves room for what else the iterations free or make as they go.
+    pub regrown_level_share: f64,
     /// Share of the reserved peak above the allocated peak (0.35) from which the allocator-cache
     /// section advises on reserved memory (expandable segments, uniform shapes). Some excess is
     /// structural: requests round up (512 B, 2 MiB), small requests take 2 MiB segments and
@@ -135,7 +144,7 @@ impl Thresholds {
         min_suspect_bytes: 1 << 20,
         small_leak_occurrences: 50,
         min_pass_blocks: 4,
-        min_saved_blocks: 3,
+        min_saved_blocks: 4,
         saved_fraction: 0.3,
         min_saved_stacks: 16,
         sparse_saved_fraction: 0.15,
@@ -156,6 +165,7 @@ impl Thresholds {
         fragmentation_max_allocated_share: 0.6,
         fragmentation_max_largest_hole_share: 0.5,
         fragmentation_leak_pin_share: 0.5,
+        regrown_level_share: 0.5,
         reserved_excess_share: 0.35,
         reserved_excess_min_bytes: 32 << 20,
     };

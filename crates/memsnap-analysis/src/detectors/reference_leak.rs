@@ -23,6 +23,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use memsnap_model::{Action, FrameId, StackId};
+use memsnap_replay::BlockLifetime;
 use rayon::prelude::*;
 use rustc_hash::{FxHashMap, FxHashSet};
 
@@ -490,7 +491,7 @@ impl Detector for ReferenceLeak {
             let stopped = if g.pass_occurrences {
                 loop_went_on_without_the_model(cx, line, &g.eligible)
             } else {
-                iterations_went_on_without_the_line(cx, &g.eligible)
+                iterations_went_on_without_the_line(cx, &g.eligible, grows_with_before_trace.contains(key))
             };
             let built_into_model = matches!(key, Key::Line(_, Origin::Construction)) && built_into_the_model(cx, g);
             let full = at_capacity(cx, g, |k| occurrence_start(k, g.pass_occurrences));
@@ -662,6 +663,7 @@ impl Detector for ReferenceLeak {
                     made_at,
                     before_trace: line.and_then(|l| made_before_trace(cx, l, origin, &g.blocks)),
                     operations: None,
+                    tensors: None,
                 },
                 blocks: g.blocks,
             });
@@ -719,12 +721,16 @@ fn current_parameter_gradients(cx: &Context) -> Vec<usize> {
 /// The near miss: the same line with new keys every iteration (a cache keyed by a request id).
 /// A line that keeps something once every few iterations (a model built and kept per trial of a
 /// sweep, every 15 training steps: n07) has not stopped while the iterations after its last
-/// allocation are no more than its own pause between two allocations.
-fn iterations_went_on_without_the_line(cx: &Context, eligible: &[usize]) -> bool {
+/// allocation are no more than its own pause between two allocations. `before_trace`: the line's
+/// like blocks made before a wrapped ring's first event count as one more occurrence, as they do
+/// for its growth (al10: a dataset cached at its first read, of which the ring kept only the
+/// last two filling steps and the eight that read from the full cache).
+fn iterations_went_on_without_the_line(cx: &Context, eligible: &[usize], before_trace: bool) -> bool {
     let Some(&last) = eligible.last() else { return false };
     let after = cx.phases.iteration_count().saturating_sub(last + 1);
     let longest_pause = eligible.windows(2).map(|w| w[1] - w[0] - 1).max().unwrap_or(0);
-    eligible.len() >= cx.thresholds.min_leak_occurrences && after >= eligible.len() && after > longest_pause
+    let occurrences = eligible.len() + usize::from(before_trace);
+    occurrences >= cx.thresholds.min_leak_occurrences && after >= occurrences && after > longest_pause
 }
 
 /// The groups most of whose kept blocks have a size that blocks the same line made and let go
@@ -1473,9 +1479,9 @@ fn resumed_after_longest_pause(kept: &[usize], eligible: &[usize]) -> Option<usi
 /// said in a caveat instead ([`input_growth`]).
 fn regrown(cx: &Context, reported: &BTreeSet<Option<FrameId>>) -> Vec<Finding> {
     let mut out = Vec::new();
-    for (site, chain, eligible) in cx.growing_chains().iter().filter(|(site, ..)| !reported.contains(&Some(*site))) {
-        let (site, chain, eligible) = (*site, chain.clone(), *eligible);
-        if feeds_growing_passes(cx, &chain).is_some() {
+    for grown in cx.growing_chains().iter().filter(|c| !reported.contains(&Some(c.site))) {
+        let (site, chain, eligible) = (grown.site, grown.blocks.clone(), grown.eligible);
+        if grown.tensors.iter().any(|t| feeds_growing_passes(cx, t).is_some()) {
             continue;
         }
         let bs = &cx.replay.blocks;
@@ -1501,11 +1507,41 @@ fn regrown(cx: &Context, reported: &BTreeSet<Option<FrameId>>) -> Vec<Finding> {
                 made_at: None,
                 before_trace: None,
                 operations: None,
+                tensors: Some(grown.tensors.len()),
             },
             blocks: chain,
         });
     }
     out
+}
+
+/// Did the program hold more as the re-made tensors grew? Between the starts of the iteration
+/// after the chain's first version and of the one that made its last, the allocated level must
+/// rise by `regrown_level_share` of what the versions alive at those two moments grew (see
+/// [`Thresholds::regrown_level_share`]: a tensor that grows while another shrinks as much moved
+/// bytes, it did not leak them). Chains over fewer iterations than that leave it unsaid (yes).
+///
+/// [`Thresholds::regrown_level_share`]: crate::Thresholds
+fn held_more(cx: &Context, chain: &[usize]) -> bool {
+    let bs = &cx.replay.blocks;
+    let (Some(first), Some(last)) =
+        (chain.first().and_then(|&b| cx.iteration_of(&bs[b])), chain.last().and_then(|&b| cx.iteration_of(&bs[b])))
+    else {
+        return true;
+    };
+    if last < first + 2 {
+        return true;
+    }
+    // (bytes of the chain's versions alive, allocated level) just before an event.
+    let before = |s: u32| {
+        let alive = |b: &&BlockLifetime| b.alloc_event().is_some_and(|a| a < s) && b.freed_at().is_none_or(|f| f >= s);
+        let held: u64 = chain.iter().map(|&b| &bs[b]).filter(alive).map(|b| b.size).sum();
+        (held, s.checked_sub(1).map_or(0, |i| cx.replay.series.allocated(i as usize)))
+    };
+    let (held_then, level_then) = before(cx.phases.iteration_span(first + 1).start);
+    let (held_now, level_now) = before(cx.phases.iteration_span(last).start);
+    let grew = held_now.saturating_sub(held_then) as f64;
+    level_now.saturating_sub(level_then) as f64 >= cx.thresholds.regrown_level_share * grew
 }
 
 /// Lines whose re-made, growing tensor is the input of forward passes that grew with it: `(line,
@@ -1519,10 +1555,12 @@ pub(crate) fn input_growth(cx: &Context) -> Vec<(FrameId, [u64; 2], [u64; 2])> {
     let bs = &cx.replay.blocks;
     cx.growing_chains()
         .iter()
-        .filter_map(|&(site, ref chain, _)| {
+        .filter_map(|grown| {
+            // The tensor that grew the most speaks for the line.
+            let chain = grown.tensors.iter().max_by_key(|t| bs[*t.last().unwrap()].size - bs[t[0]].size)?;
             let passes = feeds_growing_passes(cx, chain)?;
             let last = bs[*chain.last().unwrap()].size;
-            (last >= cx.thresholds.min_suspect_bytes).then_some((site, [bs[chain[0]].size, last], passes))
+            (last >= cx.thresholds.min_suspect_bytes).then_some((grown.site, [bs[chain[0]].size, last], passes))
         })
         .collect()
 }
@@ -1554,14 +1592,21 @@ fn feeds_growing_passes(cx: &Context, chain: &[usize]) -> Option<[u64; 2]> {
     (p1.saturating_sub(p0) >= bs[last].size.saturating_sub(bs[first].size)).then_some([p0, p1])
 }
 
-/// A user line's re-made, growing tensor: `(line, the chain of its blocks ending at its last
-/// one, the iterations its growth is counted against)`: those the line allocated in, or for a
-/// line inside a model call those from its first allocation to the end (see [`chains`]).
-pub(crate) type Chain = (FrameId, Vec<usize>, usize);
+/// A user line's re-made, growing tensors (see [`chains`]).
+pub(crate) struct Chain {
+    pub(crate) site: FrameId,
+    /// Each tensor's versions (block indices in allocation order), the last alive at the end.
+    pub(crate) tensors: Vec<Vec<usize>>,
+    /// Every tensor's versions together, in allocation order: the suspect's blocks.
+    pub(crate) blocks: Vec<usize>,
+    /// The iterations growth is counted against: those the line allocated in, or for a line
+    /// inside a model call those from its first allocation to the end.
+    pub(crate) eligible: usize,
+}
 
-/// Candidate chains (see [`regrown`]): per user line, the chain ending at its last block, when
-/// it is growth. Asked by [`regrown`] and by [`input_growth`]; made once per context
-/// ([`Context::growing_chains`]).
+/// Candidate chains (see [`regrown`]): per user line, the versions of the tensor it re-makes
+/// larger, when that is growth. Asked by [`regrown`] and by [`input_growth`]; made once per
+/// context ([`Context::growing_chains`]).
 ///
 /// A line inside a model call (the model's own code re-making a tensor it holds, as a MoCo
 /// module's `self.queue = torch.cat([self.queue, k])` in its `forward`: ah11) counts too, with a
@@ -1574,6 +1619,11 @@ pub(crate) type Chain = (FrameId, Vec<usize>, usize);
 /// it re-makes larger only when a longer input than any before comes (a rotary table, a causal
 /// mask), at ever rarer iterations, while a queue fed every step grows in every one.
 /// transformers' KV cache (re-made larger each token, let go with its request) is left out.
+///
+/// The line's blocks in allocation order are one tensor's versions when each is freed after the
+/// next was made. When they are not, the line may re-make several tensors, one per call (each
+/// layer of a model running `self.mem = torch.cat([self.mem, h])`: aj04), or make a temporary
+/// beside each version; then [`versions_per_call`] pairs each version with its own previous one.
 pub(crate) fn chains(cx: &Context) -> Vec<Chain> {
     // Each line's blocks, in allocation order. One thread: this runs inside a `OnceLock`'s
     // initialization, where a thread waiting on rayon's jobs could pick up one that asks for the
@@ -1598,6 +1648,16 @@ pub(crate) fn chains(cx: &Context) -> Vec<Chain> {
         if bs[last].freed_at().is_some() {
             continue;
         }
+        let eligible = if in_model {
+            let first = blocks.iter().find_map(|&bi| cx.iteration_of(&bs[bi]));
+            first.map_or(0, |first| cx.phases.iteration_count().saturating_sub(first))
+        } else {
+            blocks.iter().filter_map(|&bi| cx.iteration_of(&bs[bi])).collect::<BTreeSet<usize>>().len()
+        };
+        let grows = |chain: &[usize]| {
+            let iters: BTreeSet<usize> = chain.iter().filter_map(|&bi| cx.iteration_of(&bs[bi])).collect();
+            cx.is_growth(iters.len(), eligible)
+        };
         let mut chain = vec![last];
         for w in blocks.windows(2).rev() {
             let (prev, next) = (&bs[w[0]], &bs[w[1]]);
@@ -1608,17 +1668,90 @@ pub(crate) fn chains(cx: &Context) -> Vec<Chain> {
             chain.push(w[0]);
         }
         chain.reverse();
-        let iters: BTreeSet<usize> = chain.iter().filter_map(|&bi| cx.iteration_of(&bs[bi])).collect();
-        let eligible = if in_model {
-            let first = blocks.iter().find_map(|&bi| cx.iteration_of(&bs[bi]));
-            first.map_or(0, |first| cx.phases.iteration_count().saturating_sub(first))
+        let tensors = if grows(&chain) {
+            vec![chain]
         } else {
-            blocks.iter().filter_map(|&bi| cx.iteration_of(&bs[bi])).collect::<BTreeSet<usize>>().len()
+            let per_call: Vec<Vec<usize>> = versions_per_call(cx, &blocks)
+                .into_iter()
+                .filter(|(t, reset)| grows(t) && beyond_reset(bs, t, *reset) && held_more(cx, t))
+                .map(|(t, _)| t)
+                .collect();
+            if per_call.len() >= 2 {
+                per_call
+            } else {
+                Vec::new()
+            }
         };
-        if !cx.is_growth(iters.len(), eligible) {
+        if tensors.is_empty() {
             continue;
         }
-        out.push((site, chain, eligible));
+        let mut all: Vec<usize> = tensors.concat();
+        all.sort_unstable();
+        out.push(Chain { site, tensors, blocks: all, eligible });
+    }
+    out
+}
+
+/// Does a chain grow past the version it replaced when the tensor was last re-made no larger
+/// (`reset`: that version's requested size)? A tensor re-made from itself only grows; one re-made
+/// smaller was reset (a bank emptied each epoch) or is re-made from data whose size comes and goes
+/// (a random graph's edges). Growth since then is unbounded only once it passes the size the line
+/// had made before: until then, the program has already held that much.
+fn beyond_reset(bs: &[BlockLifetime], chain: &[usize], reset: Option<u64>) -> bool {
+    reset.is_none_or(|r| chain.last().is_some_and(|&l| bs[l].requested_size > r))
+}
+
+/// The versions of each tensor one line re-makes larger, when the line re-makes several (one
+/// per call in a pass) or makes a temporary beside each version: per block alive at the end,
+/// its versions in allocation order, back to the first one, with the requested size of a
+/// version it replaced that was no smaller (a reset, see [`beyond_reset`]).
+///
+/// Mechanism. `x = torch.cat([x, new])` allocates the new version while the old one is its
+/// input, and the rebinding frees the old one before the statement is done, so before the line
+/// runs again (for the next layer, or the next step). So a version's previous one is a smaller
+/// block of the line, made before it and freed after it was made but before the line's next
+/// allocation. A temporary the line made for the same statement (`F.normalize(k)` inside the
+/// `cat`) is freed in that window too and is smaller than the previous version once the tensor
+/// has grown past one addition: the largest candidate is taken. Each block is one tensor's
+/// version at most.
+fn versions_per_call(cx: &Context, blocks: &[usize]) -> Vec<(Vec<usize>, Option<u64>)> {
+    let bs = &cx.replay.blocks;
+    let mut frees: Vec<(u32, usize)> = blocks.iter().filter_map(|&bi| Some((bs[bi].freed_at()?, bi))).collect();
+    frees.sort_unstable();
+    let mut taken = vec![false; blocks.len()];
+    let position = |bi: usize| blocks.binary_search(&bi).expect("a block of the line");
+    let mut out = Vec::new();
+    for (start, &last) in blocks.iter().enumerate().rev() {
+        if taken[start] || bs[last].freed_at().is_some() {
+            continue;
+        }
+        taken[start] = true;
+        let mut versions = vec![last];
+        let mut reset = None;
+        let mut at = start;
+        loop {
+            let bi = blocks[at];
+            let Some(made) = bs[bi].alloc_event() else { break };
+            let line_runs_again = blocks.get(at + 1).and_then(|&n| bs[n].alloc_event()).unwrap_or(u32::MAX);
+            let from = frees.partition_point(|&(f, _)| f <= made);
+            let (smaller, larger): (Vec<_>, Vec<_>) = frees[from..]
+                .iter()
+                .take_while(|&&(f, _)| f < line_runs_again)
+                .filter(|&&(_, p)| p < bi && !taken[position(p)])
+                .partition(|&&(_, p)| bs[p].requested_size < bs[bi].requested_size);
+            let previous = smaller.into_iter().max_by_key(|&&(f, p)| (bs[p].requested_size, std::cmp::Reverse(f)));
+            let Some(&(_, p)) = previous else {
+                reset = larger.iter().map(|&&(_, p)| bs[p].requested_size).min();
+                break;
+            };
+            at = position(p);
+            taken[at] = true;
+            versions.push(p);
+        }
+        if versions.len() > 1 {
+            versions.reverse();
+            out.push((versions, reset));
+        }
     }
     out
 }
@@ -1648,6 +1781,7 @@ fn state_only_finding(cx: &Context, origin: LeakOrigin, g: &state_only::Group) -
             made_at: None,
             before_trace: None,
             operations: g.operations_without_twins,
+            tensors: None,
         },
         blocks: g.blocks.clone(),
     }

@@ -130,8 +130,11 @@ fn no_grad_missing_near_miss_few_outputs_of_a_shallow_model_off_peak() {
         analyze_with(&snap, &memsnap_replay::replay(&snap), th)
     };
     assert_none_of(&run(&Thresholds::DEFAULT), SuspectKind::NoGradMissing);
-    // Without the comparison with training, the outputs read as graphs held for nothing.
-    let loose = run(&Thresholds { training_saved_share: 0.0, ..Thresholds::DEFAULT });
+    // Three survivors are below `min_saved_blocks`; counted as saved, and without the comparison
+    // with training, the outputs read as graphs held for nothing.
+    let loose = run(&Thresholds { min_saved_blocks: 3, ..Thresholds::DEFAULT });
+    assert_none_of(&loose, SuspectKind::NoGradMissing);
+    let loose = run(&Thresholds { training_saved_share: 0.0, min_saved_blocks: 3, ..Thresholds::DEFAULT });
     assert_eq!(the_one(&loose, SuspectKind::NoGradMissing).severity, Severity::Waste, "{}", describe(&loose));
 }
 
