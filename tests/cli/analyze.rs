@@ -1614,6 +1614,27 @@ fn a_cache_full_before_the_ring_wrapped_and_only_read_since_is_bounded() {
     the_one_leak(&analyze(&path), &script, 63);
 }
 
+/// A ring that holds one validation pass of a trainer whose callback keeps every pass's outputs
+/// (al06: 7,000 entries, 2 training steps): the 24 like blocks made before the trace by the same
+/// line and alive at the dump are the outputs of earlier passes, as many as they hold the blocks
+/// one pass keeps in the trace. Read before as no leak (one pass, plus one for all of them, is
+/// too few to show growth); so was s45 (kept in `fixtures/limits` until now).
+#[test]
+fn outputs_kept_before_a_short_ring_count_as_the_passes_that_made_them() {
+    let path = fixture_with_prefix("extra42", "al06_");
+    let script = format!("{}.py", stem(&path));
+    let out = analyze(&path);
+    let leak = the_one_leak(&out, &script, 74);
+    assert_eq!(leak["facts"]["before_trace"]["blocks"], 24, "{leak}");
+    // A ring of one and a half steps over a residual MLP that appends one hidden state per step
+    // (s45): the window's one tap and 15 made before it, at the line that made `h`.
+    let path = fixture_with_prefix("extra28b", "s45_");
+    let script = format!("{}.py", stem(&path));
+    let out = analyze(&path);
+    let leak = the_one_leak(&out, &script, 36);
+    assert_eq!(leak["facts"]["before_trace"]["blocks"], 15, "{leak}");
+}
+
 /// Read from the dump's stacks alone (`context="state"`), what a forward hook the user wrote
 /// keeps is named at the hook's line, as with stacks on the trace's events: ah13's attention
 /// clones, made inside the model call by the hook (read before at the training forward's line).

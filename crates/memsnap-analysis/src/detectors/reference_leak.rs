@@ -430,27 +430,43 @@ impl Detector for ReferenceLeak {
             .filter(|(_, its)| its.len() >= cx.thresholds.min_leak_occurrences)
             .collect();
 
-        // A wrapped ring's trace may hold too few of a line's occurrences; a like block the line
-        // kept alive from before the trace's first event is one more (`made_before_trace`),
-        // unless a block of like size made before the trace was let go once the line had begun
-        // keeping in the trace (`let_go_since`): perhaps a store that evicts what it held.
-        // (`made_before_trace` finds blocks only for outputs of passes and for user code.)
-        let kept_before_the_trace = |key: &Key, g: &Group| {
-            let Key::Line(Some(line), o) = *key else { return false };
-            let Some(origin) = o.leak_origin() else { return false };
-            let first_kept = g.blocks.iter().filter_map(|&bi| cx.replay.blocks[bi].alloc_event()).min();
-            made_before_trace(cx, line, origin, &g.blocks).is_some()
-                && first_kept.is_some_and(|from| !let_go_since(cx, &g.blocks, from))
+        // A wrapped ring's trace may hold too few of a line's occurrences; the like blocks the
+        // line kept alive from before the trace's first event are earlier ones
+        // (`made_before_trace`): for outputs of passes, as many as they hold the blocks an
+        // occurrence keeps in the trace, at least one; for user code, one (al06: a trainer's validation outputs, 2 blocks a pass, 30 made
+        // before a ring that holds one validation pass). Unless a block of like size made before
+        // the trace was let go once the line had begun keeping in the trace (`let_go_since`):
+        // perhaps a store that evicts what it held. (`made_before_trace` finds blocks only for
+        // outputs of passes and for user code.)
+        let occurrences_before_the_trace = |key: &Key, g: &Group| -> Option<usize> {
+            let Key::Line(Some(line), o) = *key else { return None };
+            let origin = o.leak_origin()?;
+            let first_kept = g.blocks.iter().filter_map(|&bi| cx.replay.blocks[bi].alloc_event()).min()?;
+            let before = made_before_trace(cx, line, origin, &g.blocks)?;
+            if let_go_since(cx, &g.blocks, first_kept) {
+                return None;
+            }
+            // Only for outputs of passes whose graphs no longer hold them (run without grad, or
+            // already backpropagated): what user code made may be saved by a graph kept with
+            // it (a loss's `log_softmax` awaiting a deferred backward: z07, u11 cut to their
+            // last fifth), which the dump cannot tell from a kept reference.
+            if origin == LeakOrigin::UserCode {
+                return Some(1);
+            }
+            let per_occurrence = (g.blocks.len() / g.kept.len().max(1)).max(1) as u64;
+            Some((before.blocks / per_occurrence).max(1) as usize)
         };
         // Asked once per group (each question scans the replay's blocks), and only of groups
-        // that one more occurrence would make grow.
+        // that one more occurrence would make grow, or that kept in every occurrence the trace
+        // holds.
         let grows_with_before_trace: BTreeSet<Key> = groups
             .iter()
             .filter(|(key, g)| {
                 !g.evicted
                     && !cx.is_growth(g.kept.len(), g.eligible.len())
-                    && cx.is_growth(g.kept.len() + 1, g.eligible.len() + 1)
-                    && kept_before_the_trace(key, g)
+                    && (cx.is_growth(g.kept.len() + 1, g.eligible.len() + 1) || g.kept.len() == g.eligible.len())
+                    && occurrences_before_the_trace(key, g)
+                        .is_some_and(|n| cx.is_growth(g.kept.len() + n, g.eligible.len() + n))
             })
             .map(|(key, _)| *key)
             .collect();
