@@ -433,11 +433,11 @@ impl Detector for ReferenceLeak {
         // A wrapped ring's trace may hold too few of a line's occurrences; the like blocks the
         // line kept alive from before the trace's first event are earlier ones
         // (`made_before_trace`): for outputs of passes, as many as they hold the blocks an
-        // occurrence keeps in the trace, at least one; for user code, one (al06: a trainer's validation outputs, 2 blocks a pass, 30 made
-        // before a ring that holds one validation pass). Unless a block of like size made before
-        // the trace was let go once the line had begun keeping in the trace (`let_go_since`):
-        // perhaps a store that evicts what it held. (`made_before_trace` finds blocks only for
-        // outputs of passes and for user code.)
+        // occurrence keeps in the trace, at least one (al06: a trainer's validation outputs, 8
+        // blocks a pass, 24 made before a ring that holds one validation pass); for user code,
+        // one. Unless a block of like size made before the trace was let go once the line had
+        // begun keeping in the trace (`let_go_since`): perhaps a store that evicts what it held.
+        // (`made_before_trace` finds blocks only for outputs of passes and for user code.)
         let occurrences_before_the_trace = |key: &Key, g: &Group| -> Option<usize> {
             let Key::Line(Some(line), o) = *key else { return None };
             let origin = o.leak_origin()?;
@@ -1573,7 +1573,8 @@ pub(crate) fn input_growth(cx: &Context) -> Vec<(FrameId, [u64; 2], [u64; 2])> {
         .iter()
         .filter_map(|grown| {
             // The tensor that grew the most speaks for the line.
-            let chain = grown.tensors.iter().max_by_key(|t| bs[*t.last().unwrap()].size - bs[t[0]].size)?;
+            let chain =
+                grown.tensors.iter().max_by_key(|t| bs[*t.last().unwrap()].size.saturating_sub(bs[t[0]].size))?;
             let passes = feeds_growing_passes(cx, chain)?;
             let last = bs[*chain.last().unwrap()].size;
             (last >= cx.thresholds.min_suspect_bytes).then_some((grown.site, [bs[chain[0]].size, last], passes))
