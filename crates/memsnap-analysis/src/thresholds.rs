@@ -118,11 +118,13 @@ pub struct Thresholds {
     /// (ah13's hook clones, n25's kept outputs, ad08's kept images).
     pub fragmentation_leak_pin_share: f64,
     /// Share of a re-made tensor's growth (0.5) that the allocated level at the start of its
-    /// iterations must grow by over the same iterations for the tensor to be a leak. A leak makes
+    /// iterations must grow by over the same iterations for the tensor to be a leak, asked of the
+    /// tensors a line re-makes one per call (`reference_leak::versions_per_call`). A leak makes
     /// the program hold more, so the level at one point of the loop rises with the tensor; when
     /// it rises by less than half as much, other memory shrank as the tensor grew (rows moved
-    /// from an unlabeled pool into a labeled set re-made larger: s19), and the bytes moved rather
-    /// than grew. Half leaves room for what else the iterations free or make as they go.
+    /// from an unlabeled pool into a labeled set re-made larger, as s19 does with one tensor),
+    /// and the bytes moved rather than grew. Half leaves room for what else the iterations free
+    /// or make as they go.
     pub regrown_level_share: f64,
     /// Share of the reserved peak above the allocated peak (0.35) from which the allocator-cache
     /// section advises on reserved memory (expandable segments, uniform shapes). Some excess is
