@@ -22,7 +22,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use memsnap_model::{Action, FrameId, StackId};
+use memsnap_model::{Action, BlockState, FrameId, StackId};
 use memsnap_replay::BlockLifetime;
 use rayon::prelude::*;
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -1496,7 +1496,10 @@ fn resumed_after_longest_pause(kept: &[usize], eligible: &[usize]) -> Option<usi
 fn regrown(cx: &Context, reported: &BTreeSet<Option<FrameId>>) -> Vec<Finding> {
     let mut out = Vec::new();
     for grown in cx.growing_chains().iter().filter(|c| !reported.contains(&Some(c.site))) {
-        let (site, chain, eligible) = (grown.site, grown.blocks.clone(), grown.eligible);
+        let (site, eligible) = (grown.site, grown.eligible);
+        // Every tensor's versions together, in allocation order: the suspect's blocks.
+        let mut chain = grown.tensors.concat();
+        chain.sort_unstable();
         if grown.tensors.iter().any(|t| feeds_growing_passes(cx, t).is_some()) {
             continue;
         }
@@ -1548,11 +1551,16 @@ fn held_more(cx: &Context, chain: &[usize]) -> bool {
     if last < first + 2 {
         return true;
     }
-    // (bytes of the chain's versions alive, allocated level) just before an event.
+    // (bytes of the chain's versions allocated, allocated level) just before an event.
     let before = |s: u32| {
-        let alive = |b: &&BlockLifetime| b.alloc_event().is_some_and(|a| a < s) && b.freed_at().is_none_or(|f| f >= s);
-        let held: u64 = chain.iter().map(|&b| &bs[b]).filter(alive).map(|b| b.size).sum();
-        (held, s.checked_sub(1).map_or(0, |i| cx.replay.series.allocated(i as usize)))
+        let t = s.checked_sub(1);
+        let held: u64 = chain
+            .iter()
+            .map(|&b| &bs[b])
+            .filter(|b| b.state_after(t) == Some(BlockState::Allocated))
+            .map(|b| b.size)
+            .sum();
+        (held, cx.replay.series.after(t.map(|i| i as usize)).allocated)
     };
     let (held_then, level_then) = before(cx.phases.iteration_span(first + 1).start);
     let (held_now, level_now) = before(cx.phases.iteration_span(last).start);
@@ -1614,8 +1622,6 @@ pub(crate) struct Chain {
     pub(crate) site: FrameId,
     /// Each tensor's versions (block indices in allocation order), the last alive at the end.
     pub(crate) tensors: Vec<Vec<usize>>,
-    /// Every tensor's versions together, in allocation order: the suspect's blocks.
-    pub(crate) blocks: Vec<usize>,
     /// The iterations growth is counted against: those the line allocated in, or for a line
     /// inside a model call those from its first allocation to the end.
     pub(crate) eligible: usize,
@@ -1702,9 +1708,7 @@ pub(crate) fn chains(cx: &Context) -> Vec<Chain> {
         if tensors.is_empty() {
             continue;
         }
-        let mut all: Vec<usize> = tensors.concat();
-        all.sort_unstable();
-        out.push(Chain { site, tensors, blocks: all, eligible });
+        out.push(Chain { site, tensors, eligible });
     }
     out
 }
