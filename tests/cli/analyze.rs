@@ -1635,6 +1635,26 @@ fn outputs_kept_before_a_short_ring_count_as_the_passes_that_made_them() {
     assert_eq!(leak["facts"]["before_trace"]["blocks"], 15, "{leak}");
 }
 
+/// An accumulator reset at every epoch's end (am05: `self.total_loss += loss`, whose hand-written
+/// loss keeps its 3 MiB softmax on `ctx` through the accumulated graph): the first epoch's kept
+/// tensors were let go all at once by the reset, which read before as a bounded cache evicting,
+/// so nothing was reported but fragmentation. A reset lets go of everything kept before it, a
+/// cache only of its oldest; the leak is read in the steps since the reset, the reset said in
+/// `facts.cleared`. Its near miss, an evaluation's outputs gathered for an epoch-end metric and
+/// reset after `compute()` (ai09), stays clean: passes are not asked.
+#[test]
+fn an_accumulator_reset_each_epoch_still_leaks_through_the_epoch() {
+    let path = fixture_with_prefix("extra43", "am05_");
+    let script = format!("{}.py", stem(&path));
+    let out = analyze(&path);
+    let leak = the_one_leak(&out, &script, 66);
+    assert_eq!(leak["facts"]["cleared"]["clears"], 1, "{leak}");
+    assert_eq!(leak["facts"]["cleared"]["longest_period"], 8, "{leak}");
+    assert!(suspects(&out).iter().all(|s| s["kind"] != "fragmentation"), "{}", describe(&out));
+    let out = analyze(&fixture_with_prefix("extra39", "ai09_"));
+    assert!(suspects(&out).iter().all(|s| s["severity"] != "leak"), "{}", describe(&out));
+}
+
 /// Read from the dump's stacks alone (`context="state"`), what a forward hook the user wrote
 /// keeps is named at the hook's line, as with stacks on the trace's events: ah13's attention
 /// clones, made inside the model call by the hook (read before at the training forward's line).

@@ -260,6 +260,18 @@ pub struct BeforeTrace {
     pub bytes: u64,
 }
 
+/// A line's kept tensors let go only by resets: everything it had kept freed at once, then kept
+/// again one per iteration (an accumulator set back at an epoch's end, a list emptied). The level
+/// rises through every period, by as much again for each iteration the period has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Cleared {
+    /// Resets seen in the trace.
+    pub clears: usize,
+    /// The most iterations one reset ended: from the first whose tensors it let go to the one it
+    /// ran in.
+    pub longest_period: usize,
+}
+
 /// The facts behind a suspect, per kind.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -336,6 +348,10 @@ pub enum Evidence {
         /// 1. Absent for other origins.
         #[serde(skip_serializing_if = "Option::is_none")]
         tensors: Option<usize>,
+        /// When the line's kept tensors were let go only all at once, now and then (see
+        /// [`Cleared`]); absent otherwise.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        cleared: Option<Cleared>,
     },
     UnreleasedGradient {
         hold: GradientHold,

@@ -179,7 +179,7 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
         } else {
             String::new()
         },
-        Evidence::ReferenceLeak { origin, blocks, occurrences, eligible, occurrence, made_at, before_trace, operations, tensors } => {
+        Evidence::ReferenceLeak { origin, blocks, occurrences, eligible, occurrence, made_at, before_trace, operations, tensors, cleared } => {
             let what = match origin {
                 LeakOrigin::TrainedForward => "outputs or intermediates of forward passes whose graphs a backward already freed, so no graph holds them",
                 LeakOrigin::NoGradForward => "outputs of forward passes run without grad (or tensors the code right after them made from them), so no graph holds them",
@@ -241,8 +241,14 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
                     format_bytes(bt.bytes, 2),
                     agree(bt.blocks, "was", "were")
                 ));
+                // Let go only by resets: what the dump shows is one period's worth.
+                let resets = cleared.map_or(String::new(), |c| format!(
+                    " Before these, the line let go of all it had kept at once ({} in the trace, the longest after {}: a list emptied or an accumulator set back at an epoch's end), then kept one per iteration again: the level rises through every period, by as much again for each iteration the period has.",
+                    plural(c.clears as u64, "reset", "resets"),
+                    plural(c.longest_period as u64, "iteration", "iterations")
+                ));
                 format!(
-                    "{} from {} of {} {} still allocated at the end: {what}{held}.{}{earlier} {tail}.",
+                    "{} from {} of {} {} still allocated at the end: {what}{held}.{}{resets}{earlier} {tail}.",
                     plural(*blocks, "block", "blocks"),
                     occurrences,
                     plural(*eligible as u64, occurrence.name(), occurrence.plural_name()),
@@ -544,6 +550,7 @@ mod tests {
                 before_trace: None,
                 operations: None,
                 tensors: None,
+                cleared: None,
             },
             evidence: String::new(),
             advice: String::new(),
