@@ -704,7 +704,11 @@ impl Detector for ReferenceLeak {
 /// keeps later ones ([`at_capacity`]): there a kept block made before the free fails the test.
 /// Not asked of passes (an evaluation's outputs gathered for an epoch-end metric and reset after
 /// `compute()` are the metric's working set, bounded by the validation split, as torchmetrics
-/// keeps them: ai09), only of what training iterations keep past their own step.
+/// keeps them: ai09), only of what training iterations keep past their own step; and where the
+/// trace shows optimizer steps, only of resets that at least `min_leak_occurrences` of them ran
+/// before, since the first tensor they let go was made: with gradient accumulation, each
+/// micro-batch is an iteration (a backward) and what the micro-batches keep until the step that
+/// uses their summed gradients, then let go, is that step's working set.
 fn cleared_at_once(cx: &Context, g: &Group) -> Option<Cleared> {
     if g.pass_occurrences || g.evicted_blocks.is_empty() {
         return None;
@@ -713,17 +717,29 @@ fn cleared_at_once(cx: &Context, g: &Group) -> Option<Cleared> {
     let mut made: Vec<u32> =
         g.blocks.iter().chain(&g.evicted_blocks).filter_map(|&bi| blocks[bi].alloc_event()).collect();
     made.sort_unstable();
-    // The clears, keyed by the group's next allocation after their frees (`u32::MAX`: none),
-    // with the iterations that made what each let go (those it let go within two iterations of
-    // their own are not among the late ones) and the last iteration it ran in.
-    let mut clears: BTreeMap<u32, (BTreeSet<usize>, usize)> = BTreeMap::new();
-    for &bi in &g.evicted_blocks {
-        let freed = blocks[bi].freed_at()?;
-        let next = made.get(made.partition_point(|&m| m < freed)).copied().unwrap_or(u32::MAX);
-        let clear = clears.entry(next).or_default();
-        clear.0.insert(cx.iteration_of(&blocks[bi])?);
-        clear.1 = clear.1.max(cx.phases.iteration_of(freed)?);
+    // The clears, keyed by the group's next allocation after their frees (`u32::MAX`: none):
+    // the iterations that made what each let go (those it let go within two iterations of their
+    // own are not among the late ones), the last iteration it ran in, and the events of the
+    // first of those tensors' allocation and of the last free.
+    #[derive(Default)]
+    struct Clear {
+        made_in: BTreeSet<usize>,
+        ran_in: usize,
+        first_made: u32,
+        freed: u32,
     }
+    let mut clears: BTreeMap<u32, Clear> = BTreeMap::new();
+    for &bi in &g.evicted_blocks {
+        let (made_at, freed) = (blocks[bi].alloc_event()?, blocks[bi].freed_at()?);
+        let next = made.get(made.partition_point(|&m| m < freed)).copied().unwrap_or(u32::MAX);
+        let clear = clears.entry(next).or_insert(Clear { first_made: made_at, ..Clear::default() });
+        clear.made_in.insert(cx.iteration_of(&blocks[bi])?);
+        clear.ran_in = clear.ran_in.max(cx.phases.iteration_of(freed)?);
+        clear.first_made = clear.first_made.min(made_at);
+        clear.freed = clear.freed.max(freed);
+    }
+    let steps = &cx.phases.optimizer_steps;
+    let steps_between = |c: &Clear| steps.iter().filter(|s| c.first_made < s.start && s.start < c.freed).count();
     let made_before = |next: u32| move |bi: &&usize| blocks[**bi].alloc_event().is_some_and(|a| a < next);
     let all_let_go = |next: u32| {
         !g.blocks.iter().any(|bi| made_before(next)(&bi))
@@ -733,10 +749,13 @@ fn cleared_at_once(cx: &Context, g: &Group) -> Option<Cleared> {
                 .all(|&bi| blocks[bi].freed_at().is_some_and(|f| f < next))
     };
     // A period: from the first iteration whose tensors a clear let go to the one it ran in.
-    let period = |(its, at): &(BTreeSet<usize>, usize)| its.first().map_or(0, |&first| at.saturating_sub(first) + 1);
+    let period = |c: &Clear| c.made_in.first().map_or(0, |&first| c.ran_in.saturating_sub(first) + 1);
+    let least = cx.thresholds.min_leak_occurrences;
     clears
         .iter()
-        .all(|(&next, (its, _))| its.len() >= cx.thresholds.min_leak_occurrences && all_let_go(next))
+        .all(|(&next, c)| {
+            c.made_in.len() >= least && (steps.is_empty() || steps_between(c) >= least) && all_let_go(next)
+        })
         .then(|| Cleared { clears: clears.len(), longest_period: clears.values().map(period).max().unwrap_or(0) })
 }
 
