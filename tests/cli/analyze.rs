@@ -1655,6 +1655,23 @@ fn an_accumulator_reset_each_epoch_still_leaks_through_the_epoch() {
     assert!(suspects(&out).iter().all(|s| s["severity"] != "leak"), "{}", describe(&out));
 }
 
+/// GradNorm's gradient norms logged with their `create_graph` graph every step (ak06, kept in
+/// `fixtures/limits` for its line): the gradients `torch.autograd.grad` returned, of the shared
+/// layer's parameter sizes, are saved by the norms taken of them, so the logged graph keeps them.
+/// Read before as a second suspect, kept parameter gradients (`unreleased_gradient [leak]`, whose
+/// fix speaks of `.grad` references the program never made); now they are the graph's.
+#[test]
+fn gradients_that_autograd_grad_returned_and_a_kept_graph_saved_are_the_graphs() {
+    let path = common::fixture("limits").join("ak06_gradnorm_gnorm_with_graph_logged_every_step_leak.pickle.xz");
+    let out = analyze(&path);
+    assert!(of_kind(&out, "unreleased_gradient").is_empty(), "{}", describe(&out));
+    let graphs = of_kind(&out, "retained_graph");
+    assert_eq!(graphs.len(), 1, "{}", describe(&out));
+    assert_eq!(graphs[0]["severity"], "leak", "{}", describe(&out));
+    // The norms' 9 create_graph gradients a step (24 MiB) are among its bytes now.
+    assert!(graphs[0]["bytes"].as_u64().unwrap() > 400 << 20, "{}", describe(&out));
+}
+
 /// Read from the dump's stacks alone (`context="state"`), what a forward hook the user wrote
 /// keeps is named at the hook's line, as with stacks on the trace's events: ah13's attention
 /// clones, made inside the model call by the hook (read before at the training forward's line).

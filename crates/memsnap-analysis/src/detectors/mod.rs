@@ -504,15 +504,20 @@ impl Context<'_> {
                 continue;
             }
             if matches!(self.attr(b), Attr::Backward(_)) {
+                let k = self.phases.backward_index_at(a);
                 // Parameter gradients (the last step's, alive at the end) are no part of a graph.
-                if self.param_sizes.contains(&b.size) {
+                // What `torch.autograd.grad` returns is no parameter's `.grad`, whatever its size:
+                // with `create_graph=True` the operations run on it save it (a gradient norm
+                // saves its input: ak06's norms logged with their graph keep the gradients they
+                // were taken of).
+                let returned = k.is_some_and(|k| {
+                    let start = self.phases.backwards[k].span.start;
+                    self.events.get(start as usize).is_some_and(|e| self.stacks.get(e.stack).grad_call)
+                });
+                if self.param_sizes.contains(&b.size) && !returned {
                     continue;
                 }
-                out[bi] = self
-                    .phases
-                    .backward_index_at(a)
-                    .and_then(|k| retaining.get(&k))
-                    .map(|&k| HeldBy::Backward(k as u32));
+                out[bi] = k.and_then(|k| retaining.get(&k)).map(|&k| HeldBy::Backward(k as u32));
             } else if let Some(bw) = input_window(a) {
                 // Optimizer state made by the step between the two passes is no input.
                 let info = self.stacks.get(self.events[a as usize].stack);
