@@ -489,7 +489,7 @@ impl Detector for ReferenceLeak {
             cx.is_growth(g.kept.len(), g.eligible.len())
                 || matches!(key, Key::Line(_, Origin::Trained | Origin::NoGrad | Origin::GraphReleased | Origin::User))
                     && cx.is_unevicted_growth(&g.kept, &g.eligible)
-                    && (!g.evicted || cleared_at_once(cx, g).is_some())
+                    && (!g.evicted || cleared_at_once(cx, key, g).is_some())
                 || remade.get(key).is_some_and(|r| cx.is_kept_generations(r, &g.eligible))
                 || orphaned.contains_key(key)
                 || grows_with_before_trace.contains(key)
@@ -680,7 +680,7 @@ impl Detector for ReferenceLeak {
                     before_trace: line.and_then(|l| made_before_trace(cx, l, origin, &g.blocks)),
                     operations: None,
                     tensors: None,
-                    cleared: cleared_at_once(cx, &g),
+                    cleared: cleared_at_once(cx, &key, &g),
                 },
                 blocks: g.blocks,
             });
@@ -702,15 +702,17 @@ impl Detector for ReferenceLeak {
 /// step of an 8-step epoch, the softmax kept by a hand-written loss's `ctx` through the
 /// accumulated graph). A bounded cache or queue instead lets go of its oldest entries while it
 /// keeps later ones ([`at_capacity`]): there a kept block made before the free fails the test.
-/// Not asked of passes (an evaluation's outputs gathered for an epoch-end metric and reset after
-/// `compute()` are the metric's working set, bounded by the validation split, as torchmetrics
-/// keeps them: ai09), only of what training iterations keep past their own step; and where the
+/// Asked only of what the user's code made outside the model in training iterations (the loss's
+/// insides, what it derived from the batch), not of passes' tensors: the model's outputs, or an
+/// evaluation's, are what an epoch-end metric gathers and resets after `compute()` (Lightning's
+/// `training_step_outputs` cleared in `on_train_epoch_end`; torchmetrics' states over the
+/// validation split: ai09), a working set bounded by the epoch by design; and where the
 /// trace shows optimizer steps, only of resets that at least `min_leak_occurrences` of them ran
 /// before, since the first tensor they let go was made: with gradient accumulation, each
 /// micro-batch is an iteration (a backward) and what the micro-batches keep until the step that
 /// uses their summed gradients, then let go, is that step's working set.
-fn cleared_at_once(cx: &Context, g: &Group) -> Option<Cleared> {
-    if g.pass_occurrences || g.evicted_blocks.is_empty() {
+fn cleared_at_once(cx: &Context, key: &Key, g: &Group) -> Option<Cleared> {
+    if !matches!(key, Key::Line(_, Origin::User)) || g.pass_occurrences || g.evicted_blocks.is_empty() {
         return None;
     }
     let blocks = &cx.replay.blocks;
