@@ -357,21 +357,12 @@ fn scorecard_over_ring_windows() {
         // troughs as the entries' sizes swung, which so short a window cannot tell from slow
         // growth (`WorkingSet::Plateau` judges the last half of the second half: 2 troughs).
         ("s54_context_state_lru_by_count_varlen_encoder_states_clean", "last20", "clean"),
-        // The double-backward graph kept by the history holds gradients of activations; before
-        // the window, such blocks alive at the dump have no Python stack, so their sizes count as
-        // parameter sizes and the graph's own blocks read as gradients (retained_graph is found
-        // too).
-        ("u11_input_grad_create_graph_history_leak", "last50", "unreleased_gradient"),
-        // The same for r01's PDE residuals kept with their two `create_graph=True` derivatives:
-        // the kept products of both derivatives made before the window share sizes with those
-        // made in it (4 MiB, 16384 x 64 floats), which read as parameter sizes, so neither
-        // derivative's blocks are taken for the graph's.
-        ("r01_pinn_burgers_rar_candidate_residuals_create_graph_kept_leak", "last50", "reference_leak"),
-        ("r01_pinn_burgers_rar_candidate_residuals_create_graph_kept_leak", "last50", "unreleased_gradient"),
-        // The same for s75's per-example gradients (`torch.func`'s `vmap(grad(..))`) kept every
-        // step: those kept before the window are stackless blocks of the engine, as the
-        // parameters (made before recording began) are, so their sizes count as parameter sizes
-        // and the window's read as gradients kept each step (the line is right: the call).
+        // s75's per-example gradients (`torch.func`'s `vmap(grad(..))`) kept every step: those
+        // kept before the window are stackless blocks of the engine, as the parameters (made
+        // before recording began) are, so their sizes count as parameter sizes and the window's
+        // read as gradients kept each step (the line is right: the call). (u11's and r01's
+        // `create_graph` gradients, read so until the sixteenth session, are now the kept
+        // graph's: what `torch.autograd.grad` returned is no `.grad`.)
         ("s75_dp_sgd_torch_func_per_sample_grads_kept_for_audit_leak", "last50", "unreleased_gradient"),
         ("s75_dp_sgd_torch_func_per_sample_grads_kept_for_audit_leak", "last20", "unreleased_gradient"),
         // Step records in reference cycles, freed only by Python's collector: a record that
@@ -547,13 +538,6 @@ fn scorecard_with_allocation_stacks_on_frees() {
         ("aj05_contrastive_feature_bank_in_model_reset_each_epoch_clean", "context-alloc+last50", "clean"),
         ("aj06_contrastive_feature_bank_in_loop_reset_each_epoch_clean", "context-alloc+last50", "clean"),
         ("s54_context_state_lru_by_count_varlen_encoder_states_clean", "context-alloc+last20", "clean"),
-        ("u11_input_grad_create_graph_history_leak", "context-alloc+last50", "unreleased_gradient"),
-        ("r01_pinn_burgers_rar_candidate_residuals_create_graph_kept_leak", "context-alloc+last50", "reference_leak"),
-        (
-            "r01_pinn_burgers_rar_candidate_residuals_create_graph_kept_leak",
-            "context-alloc+last50",
-            "unreleased_gradient",
-        ),
         ("s75_dp_sgd_torch_func_per_sample_grads_kept_for_audit_leak", "context-alloc+last50", "unreleased_gradient"),
         ("s75_dp_sgd_torch_func_per_sample_grads_kept_for_audit_leak", "context-alloc+last20", "unreleased_gradient"),
         ("ab06_step_records_in_reference_cycles_freed_by_gc_clean", "context-alloc+last20", "clean"),
