@@ -1655,6 +1655,49 @@ fn an_accumulator_reset_each_epoch_still_leaks_through_the_epoch() {
     assert!(suspects(&out).iter().all(|s| s["severity"] != "leak"), "{}", describe(&out));
 }
 
+/// A replay buffer appending `(obs, action, reward, next_obs, done)` each step without a
+/// capacity (an10): five lines of 4-16 KiB a step, none of them 1 MiB at the dump, kept in the
+/// very same passes: one record, one finding of them all (`facts.kept_with`), 1.88 MiB and
+/// 48 KiB a step. Read before as no leak. Its twin with a preallocated ring (an09) has none.
+#[test]
+fn small_tensors_kept_together_each_step_are_one_record() {
+    let path = fixture_with_prefix("extra44", "an10_");
+    let script = format!("{}.py", stem(&path));
+    let out = analyze(&path);
+    let leak = the_one_leak(&out, &script, 109);
+    assert_eq!(leak["facts"]["kept_with"].as_array().map(Vec::len), Some(4), "{leak}");
+    assert!(leak["bytes"].as_u64().unwrap() >= 1 << 20, "{leak}");
+    let out = analyze(&fixture_with_prefix("extra44", "an09_"));
+    assert!(suspects(&out).iter().all(|s| s["severity"] != "leak"), "{}", describe(&out));
+}
+
+/// A greedy decode without `no_grad` whose stacked logits (with their graph) are kept (an08):
+/// the decoder's one-block calls beside each step's cell (the embedding lookup, the output head)
+/// share the region's grad mode; what they keep is the kept graph's. Read before as three
+/// reference leaks more ("passes run without grad") beside the graph's two findings.
+#[test]
+fn small_calls_beside_a_kept_graph_are_not_passes_without_grad() {
+    let out = analyze(&fixture_with_prefix("extra44", "an08_"));
+    assert!(of_kind(&out, "reference_leak").is_empty(), "{}", describe(&out));
+    assert_eq!(of_kind(&out, "no_grad_missing").len(), 1, "{}", describe(&out));
+    assert_eq!(of_kind(&out, "retained_graph").len(), 1, "{}", describe(&out));
+}
+
+/// The reset rule on other shapes: am05's bug with plain SGD, whose step allocates nothing, over
+/// two resets (ap03) is read; micro-batches' detached logits kept until the optimizer step of a
+/// gradient accumulation and then cleared (ap01: 6 micro-batches a step) are the step's working
+/// set (model outputs: the rule does not ask them).
+#[test]
+fn a_reset_over_optimizer_steps_leaks_and_one_per_step_is_a_working_set() {
+    let path = fixture_with_prefix("extra46", "ap03_");
+    let script = format!("{}.py", stem(&path));
+    let out = analyze(&path);
+    let leak = the_one_leak(&out, &script, 60);
+    assert_eq!(leak["facts"]["cleared"]["clears"], 2, "{leak}");
+    let out = analyze(&fixture_with_prefix("extra46", "ap01_"));
+    assert!(suspects(&out).iter().all(|s| s["severity"] != "leak"), "{}", describe(&out));
+}
+
 /// GradNorm's gradient norms logged with their `create_graph` graph every step (ak06, kept in
 /// `fixtures/limits` for its line): the gradients `torch.autograd.grad` returned, of the shared
 /// layer's parameter sizes, are saved by the norms taken of them, so the logged graph keeps them.

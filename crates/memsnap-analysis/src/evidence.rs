@@ -352,6 +352,11 @@ pub enum Evidence {
         /// [`Cleared`]); absent otherwise.
         #[serde(skip_serializing_if = "Option::is_none")]
         cleared: Option<Cleared>,
+        /// Other lines whose kept tensors were kept in exactly the same occurrences, each too
+        /// few bytes to report alone: one record holding them all (a replay buffer's transition
+        /// tuple), counted in this suspect's blocks and bytes. Empty otherwise.
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        kept_with: Vec<Site>,
     },
     UnreleasedGradient {
         hold: GradientHold,

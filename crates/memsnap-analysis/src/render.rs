@@ -179,7 +179,19 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
         } else {
             String::new()
         },
-        Evidence::ReferenceLeak { origin, blocks, occurrences, eligible, occurrence, made_at, before_trace, operations, tensors, cleared } => {
+        Evidence::ReferenceLeak {
+            origin,
+            blocks,
+            occurrences,
+            eligible,
+            occurrence,
+            made_at,
+            before_trace,
+            operations,
+            tensors,
+            cleared,
+            kept_with,
+        } => {
             let what = match origin {
                 LeakOrigin::TrainedForward => "outputs or intermediates of forward passes whose graphs a backward already freed, so no graph holds them",
                 LeakOrigin::NoGradForward => "outputs of forward passes run without grad (or tensors the code right after them made from them), so no graph holds them",
@@ -247,8 +259,18 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
                     plural(c.clears as u64, "reset", "resets"),
                     plural(c.longest_period as u64, "iteration", "iterations")
                 ));
+                // Lines kept in the same occurrences, each too small alone: one record.
+                let with = if kept_with.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        " They count those made at {}, kept in exactly the same {}: one record holding them all (a tuple or dict appended each time, as a replay buffer's transition), each line's share too small to report alone.",
+                        kept_with.iter().map(Site::short).collect::<Vec<_>>().join(", "),
+                        occurrence.plural_name()
+                    )
+                };
                 format!(
-                    "{} from {} of {} {} still allocated at the end: {what}{held}.{}{resets}{earlier} {tail}.",
+                    "{} from {} of {} {} still allocated at the end: {what}{held}.{}{with}{resets}{earlier} {tail}.",
                     plural(*blocks, "block", "blocks"),
                     occurrences,
                     plural(*eligible as u64, occurrence.name(), occurrence.plural_name()),
@@ -551,6 +573,7 @@ mod tests {
                 operations: None,
                 tensors: None,
                 cleared: None,
+                kept_with: Vec::new(),
             },
             evidence: String::new(),
             advice: String::new(),

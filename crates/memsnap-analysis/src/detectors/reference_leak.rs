@@ -237,6 +237,9 @@ impl Detector for ReferenceLeak {
                 |(mut groups, mut per_call), (u, unit)| {
                     let origin = match unit.fate {
                         UnitFate::Consumed { .. } => Origin::Trained,
+                        UnitFate::Unconsumed | UnitFate::Abandoned if beside_held_graph(cx, u) => {
+                            return (groups, per_call)
+                        }
                         UnitFate::Unconsumed if !unit.grad_on => Origin::NoGrad,
                         // Grad on, no backward, and the graph let go: what stays is held by a
                         // reference to the tensors themselves (a detached output, the inputs).
@@ -571,6 +574,26 @@ impl Detector for ReferenceLeak {
                 .collect();
             !g.kept.is_empty() && g.kept.iter().all(|it| paired.contains(it))
         };
+        // Lines each keeping too little to report, but in the very same occurrences (see
+        // `kept_together`): one finding, at the line that keeps the most, holding them all.
+        let together = kept_together(cx, &groups, |key, g| grows(key, g) && !call_keys.contains(key));
+        let mut groups = groups;
+        let mut companions: BTreeMap<Key, Vec<Option<FrameId>>> = BTreeMap::new();
+        for (leader, members) in &together {
+            for member in members {
+                if let Some(m) = groups.remove(member) {
+                    let l = groups.get_mut(leader).expect("a leader is a group");
+                    l.blocks.extend(m.blocks);
+                    l.blocks.sort_unstable();
+                    if m.largest.0 > l.largest.0 {
+                        l.largest = m.largest;
+                    }
+                    if let Key::Line(line, _) = member {
+                        companions.entry(*leader).or_default().push(*line);
+                    }
+                }
+            }
+        }
         for (key, g) in groups {
             if !grows(&key, &g) {
                 continue;
@@ -681,12 +704,99 @@ impl Detector for ReferenceLeak {
                     operations: None,
                     tensors: None,
                     cleared: cleared_at_once(cx, &key, &g),
+                    kept_with: companions
+                        .remove(&key)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .flatten()
+                        .map(|f| cx.site(f))
+                        .collect(),
                 },
                 blocks: g.blocks,
             });
         }
         out
     }
+}
+
+/// Whether unit `u` allocated too few blocks for its grad mode to be read from them
+/// (`min_pass_blocks`) and the unit right before or after it, with no backward between them,
+/// ran with grad on, unconsumed, its graph held ([`Lifecycle::graph_held`]).
+///
+/// Mechanism. Grad mode is the thread's, set by `torch.no_grad()` / `inference_mode()` around
+/// a region of code, not per module call: module calls that run one after the other with no
+/// backward between share it. A call of one or two blocks between large ones (an embedding
+/// lookup before each decoder cell's step, an output head after it: an08's greedy decode
+/// without `no_grad`, its steps kept through the stacked logits) is no pass run without grad,
+/// and what it keeps is saved by the graph its neighbours' kept graphs belong to, which
+/// `retained_graph` and `no_grad_missing` read; not a reference of its own.
+///
+/// [`Lifecycle::graph_held`]: crate::lifecycle::Lifecycle::graph_held
+fn beside_held_graph(cx: &Context, u: usize) -> bool {
+    let lc = cx.lifecycle;
+    let unit = &lc.units[u];
+    if unit.pass_blocks >= cx.thresholds.min_pass_blocks {
+        return false;
+    }
+    let backwards_before = |e: u32| cx.phases.backwards.partition_point(|b| b.span.start < e);
+    let held = |v: usize| {
+        let n = &lc.units[v];
+        n.grad_on && n.fate == UnitFate::Unconsumed && lc.graph_held(v)
+    };
+    let before = u
+        .checked_sub(1)
+        .is_some_and(|p| held(p) && backwards_before(lc.units[p].span.end) == backwards_before(unit.span.start));
+    let after = u + 1 < lc.units.len()
+        && held(u + 1)
+        && backwards_before(unit.span.end) == backwards_before(lc.units[u + 1].span.start);
+    before || after
+}
+
+/// Groups that grow (`grows`) yet each keep less than `min_suspect_bytes`, in the very same
+/// occurrences as at least one other such group of the same kind of occurrence, whose kept bytes
+/// together reach it: per set, the group keeping the most (the leader) and the others.
+///
+/// Mechanism. One Python object appended per step keeps every tensor it refers to, made at as
+/// many lines: a replay buffer's `(obs, action, reward, next_obs, done)` transition (an10: five
+/// lines of 4-16 KiB a step, 48 KiB a step together, none of them 1 MiB after 40 steps). The
+/// tensors of one record are kept in the same occurrences and let go together, or never;
+/// lines kept by separate references rarely keep in exactly the same occurrences unless each
+/// keeps in every one, and there the record's size is what grows. Lines that keep enough alone
+/// are left as they are, each its own finding. Not where the program keeps graphs to the end
+/// (a block `Context::held_by_retained_graph` gives to a held graph is alive at the end): small
+/// tensors kept beside them in the same steps are likely more of their inputs (r01's candidate
+/// points and their `requires_grad` copies, saved by the kept residuals' `create_graph` graphs),
+/// which that reading may miss, not a record.
+fn kept_together(
+    cx: &Context,
+    groups: &BTreeMap<Key, Group>,
+    grows: impl Fn(&Key, &Group) -> bool,
+) -> BTreeMap<Key, Vec<Key>> {
+    let held = cx.held_by_retained_graph();
+    if cx.replay.blocks.iter().zip(held).any(|(b, h)| h.is_some() && b.freed_at().is_none()) {
+        return BTreeMap::new();
+    }
+    let kept_bytes = |g: &Group| g.blocks.iter().map(|&bi| cx.replay.blocks[bi].size).sum::<u64>();
+    let mut sets: BTreeMap<(bool, &[usize]), Vec<(u64, Key)>> = BTreeMap::new();
+    for (key, g) in groups {
+        let tensors =
+            matches!(key, Key::Line(Some(_), Origin::Trained | Origin::NoGrad | Origin::GraphReleased | Origin::User));
+        let bytes = kept_bytes(g);
+        if tensors && bytes < cx.thresholds.min_suspect_bytes && grows(key, g) {
+            sets.entry((g.pass_occurrences, g.kept.as_slice())).or_default().push((bytes, *key));
+        }
+    }
+    let mut out = BTreeMap::new();
+    for (_, mut members) in sets {
+        if members.len() < 2 || members.iter().map(|m| m.0).sum::<u64>() < cx.thresholds.min_suspect_bytes {
+            continue;
+        }
+        // The most bytes first; equal bytes in key order (deterministic).
+        members.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        let leader = members[0].1;
+        out.insert(leader, members[1..].iter().map(|m| m.1).collect());
+    }
+    out
 }
 
 /// Whether group `g`, whose occurrences are training iterations, let go of what it kept only by
@@ -1601,6 +1711,7 @@ fn regrown(cx: &Context, reported: &BTreeSet<Option<FrameId>>) -> Vec<Finding> {
                 operations: None,
                 tensors: Some(grown.tensors.len()),
                 cleared: None,
+                kept_with: Vec::new(),
             },
             blocks: chain,
         });
@@ -1878,6 +1989,7 @@ fn state_only_finding(cx: &Context, origin: LeakOrigin, g: &state_only::Group) -
             operations: g.operations_without_twins,
             tensors: None,
             cleared: None,
+            kept_with: Vec::new(),
         },
         blocks: g.blocks.clone(),
     }
