@@ -577,7 +577,6 @@ impl Detector for ReferenceLeak {
         // Lines each keeping too little to report, but in the very same occurrences (see
         // `kept_together`): one finding, at the line that keeps the most, holding them all.
         let together = kept_together(cx, &groups, |key, g| grows(key, g) && !call_keys.contains(key));
-        let mut groups = groups;
         let mut companions: BTreeMap<Key, Vec<Option<FrameId>>> = BTreeMap::new();
         for (leader, members) in &together {
             for member in members {
@@ -777,7 +776,9 @@ fn kept_together(
         return BTreeMap::new();
     }
     let kept_bytes = |g: &Group| g.blocks.iter().map(|&bi| cx.replay.blocks[bi].size).sum::<u64>();
-    let mut sets: BTreeMap<(bool, &[usize]), Vec<(u64, Key)>> = BTreeMap::new();
+    // Per kind of occurrence and kept occurrences: (kept bytes, key) of each such group.
+    type Members = Vec<(u64, Key)>;
+    let mut sets: BTreeMap<(bool, &[usize]), Members> = BTreeMap::new();
     for (key, g) in groups {
         let tensors =
             matches!(key, Key::Line(Some(_), Origin::Trained | Origin::NoGrad | Origin::GraphReleased | Origin::User));
