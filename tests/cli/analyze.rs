@@ -1671,13 +1671,17 @@ fn small_tensors_kept_together_each_step_are_one_record() {
     assert!(suspects(&out).iter().all(|s| s["severity"] != "leak"), "{}", describe(&out));
 }
 
-/// A greedy decode without `no_grad` whose stacked logits (with their graph) are kept (an08):
+/// A greedy decode without `no_grad` whose stacked logits (with their graph) are kept (an08, in
+/// `fixtures/limits` for the line of its graph):
 /// the decoder's one-block calls beside each step's cell (the embedding lookup, the output head)
 /// share the region's grad mode; what they keep is the kept graph's. Read before as three
 /// reference leaks more ("passes run without grad") beside the graph's two findings.
 #[test]
 fn small_calls_beside_a_kept_graph_are_not_passes_without_grad() {
-    let out = analyze(&fixture_with_prefix("extra44", "an08_"));
+    let out = analyze(
+        &common::fixture("limits")
+            .join("an08_gru_seq2seq_greedy_eval_without_no_grad_decoded_logits_kept_leak.pickle.xz"),
+    );
     assert!(of_kind(&out, "reference_leak").is_empty(), "{}", describe(&out));
     assert_eq!(of_kind(&out, "no_grad_missing").len(), 1, "{}", describe(&out));
     assert_eq!(of_kind(&out, "retained_graph").len(), 1, "{}", describe(&out));
