@@ -41,7 +41,7 @@ enum Key {
     Unattributed,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Origin {
     Trained,
     NoGrad,

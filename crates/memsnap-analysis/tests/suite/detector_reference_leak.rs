@@ -659,3 +659,75 @@ fn state_context_near_miss_cache_of_varying_sizes_that_never_fills_grows() {
     assert_site(&s, TRAIN, 30, &a);
     assert_eq!(s.bytes, held, "{}", describe(&a));
 }
+
+/// One iteration of the scripted training step that also makes `kept` bytes at a user line
+/// outside the model (the loss's insides, l.21) and returns that block; `step`: whether the
+/// optimizer steps (with gradient accumulation it steps once every few backwards).
+fn step_keeping(p: &mut Program, kept: u64, step: bool) -> Blk {
+    let x = p.batch(&[top(15)]);
+    let pass = p.forward(&[top(16)], Grad::Enabled, false);
+    let inside = p.t.alloc(kept, &[top(21)]);
+    let loss = p.loss(&[top(17)]);
+    p.backward(&[top(18)], &[&pass], false);
+    if step {
+        p.step(&[top(19)]);
+        p.zero_grad(&[top(20)], ZeroGrad::SetToNone);
+    }
+    p.t.free(x, &[top(23)]);
+    p.t.free(pass.logits, &[top(23)]);
+    p.t.free(loss, &[top(23)]);
+    inside
+}
+
+/// An accumulator reset at each epoch's end (am05: `total_loss += loss` keeps, through the
+/// accumulated graph, what a hand-written loss put on `ctx`): 8 steps keep one block each, all
+/// let go at once, then 5 more are kept. A reset lets go of everything kept before it, a cache
+/// of its oldest only: the steps since the reset are read for growth, the reset said.
+#[test]
+fn reference_leak_accumulator_reset_each_epoch() {
+    let mut p = Program::new(2);
+    let kept = 8 * GRANULE;
+    let mut epoch = Vec::new();
+    for _ in 0..8 {
+        epoch.push(step_keeping(&mut p, kept, true));
+    }
+    for b in epoch.drain(..) {
+        p.t.free(b, &[top(24)]);
+    }
+    for _ in 0..5 {
+        epoch.push(step_keeping(&mut p, kept, true));
+    }
+    let a = analyze_snapshot(&p.t.finish());
+    let s = the_one(&a, SuspectKind::ReferenceLeak);
+    assert_site(&s, TRAIN, 21, &a);
+    match &s.facts {
+        Evidence::ReferenceLeak { cleared: Some(c), .. } => {
+            assert_eq!((c.clears, c.longest_period), (1, 8), "{}", describe(&a))
+        }
+        other => panic!("no reset said: {other:?}\n{}", describe(&a)),
+    }
+}
+
+/// Near miss: gradient accumulation over 6 backwards per optimizer step, what each micro-batch
+/// made outside the model kept until the step, then let go: the step's working set. The same
+/// resets as above, but each over one optimizer step, not three.
+#[test]
+fn reference_leak_near_miss_micro_batches_kept_until_the_step() {
+    let mut p = Program::new(2);
+    let kept = 8 * GRANULE;
+    let mut window = Vec::new();
+    for _ in 0..3 {
+        for micro in 0..6 {
+            window.push(step_keeping(&mut p, kept, micro == 5));
+        }
+        for b in window.drain(..) {
+            p.t.free(b, &[top(24)]);
+        }
+    }
+    // The dump lands after 4 micro-batches of the next step.
+    for _ in 0..4 {
+        window.push(step_keeping(&mut p, kept, false));
+    }
+    let a = analyze_snapshot(&p.t.finish());
+    assert_none_of(&a, SuspectKind::ReferenceLeak);
+}
