@@ -433,6 +433,11 @@ impl Detector for ReferenceLeak {
             .filter(|(_, its)| its.len() >= cx.thresholds.min_leak_occurrences)
             .collect();
 
+        // Lines that let go of what they kept only by resetting it (see `cleared_at_once`), each
+        // asked once: growth and the finding's facts read the same answer.
+        let cleared: BTreeMap<Key, Cleared> =
+            groups.iter().filter_map(|(key, g)| Some((*key, cleared_at_once(cx, key, g)?))).collect();
+
         // A wrapped ring's trace may hold too few of a line's occurrences; the like blocks the
         // line kept alive from before the trace's first event are earlier ones
         // (`made_before_trace`): for outputs of passes, as many as they hold the blocks an
@@ -492,7 +497,7 @@ impl Detector for ReferenceLeak {
             cx.is_growth(g.kept.len(), g.eligible.len())
                 || matches!(key, Key::Line(_, Origin::Trained | Origin::NoGrad | Origin::GraphReleased | Origin::User))
                     && cx.is_unevicted_growth(&g.kept, &g.eligible)
-                    && (!g.evicted || cleared_at_once(cx, key, g).is_some())
+                    && (!g.evicted || cleared.contains_key(key))
                 || remade.get(key).is_some_and(|r| cx.is_kept_generations(r, &g.eligible))
                 || orphaned.contains_key(key)
                 || grows_with_before_trace.contains(key)
@@ -702,7 +707,7 @@ impl Detector for ReferenceLeak {
                     before_trace: line.and_then(|l| made_before_trace(cx, l, origin, &g.blocks)),
                     operations: None,
                     tensors: None,
-                    cleared: cleared_at_once(cx, &key, &g),
+                    cleared: cleared.get(&key).copied(),
                     kept_with: companions
                         .remove(&key)
                         .unwrap_or_default()
