@@ -70,6 +70,10 @@ pub struct Unit {
     /// variable or the evaluation loop's own list: the end of the second unit after this one, or
     /// of the first pass after its evaluation window, whichever is later (or the trace end).
     pub horizon: u32,
+    /// The pass was under way when the trace began (see [`begun_before_trace`]): what it made
+    /// and saved before then is not in the trace, so its own blocks cannot tell its grad mode
+    /// (see [`Lifecycle::call_site_runs_without_grad`]).
+    pub begun_before_trace: bool,
 }
 
 /// Where one block of a unit ended.
@@ -157,6 +161,17 @@ impl Lifecycle {
         held > 0 && 2 * held >= self.units[u].survived_pass as usize
     }
 
+    /// Did every other pass from unit `u`'s call site run without grad (no backward used it,
+    /// and too few of its blocks outlived it for autograd's saved tensors)? Grad mode belongs to
+    /// the code path (`torch.no_grad()` around the loop, `inference_mode` in a service), so a
+    /// pass seen only in part ([`Unit::begun_before_trace`]) takes its call site's. False when
+    /// no other pass came from that call site.
+    pub fn call_site_runs_without_grad(&self, u: usize) -> bool {
+        let site = self.units[u].call_site;
+        let mut others = self.units.iter().enumerate().filter(|&(k, o)| k != u && o.call_site == site).peekable();
+        others.peek().is_some() && others.all(|(_, o)| o.fate == UnitFate::Unconsumed && !o.grad_on)
+    }
+
     /// The *call* of each unit: consecutive units made by one invocation of the user function
     /// that runs the model several times (a decoding loop inside `generate()`, a sliding window
     /// over a long input), numbered in order.
@@ -232,9 +247,13 @@ pub fn lifecycle(
                 saved_bytes: 0,
                 grad_on: false,
                 horizon: n,
+                begun_before_trace: false,
             }
         })
         .collect();
+    if let Some(first) = units.first_mut() {
+        first.begun_before_trace = begun_before_trace(first.pass_span, events, stacks, phases, d);
+    }
     // The next unit from the same call site, for each unit.
     let mut next_same_site = vec![None; units.len()];
     {
@@ -573,6 +592,34 @@ pub fn lifecycle(
         })
         .collect();
     Lifecycle { units, blocks, unit_of_block, one_off, per_stream_state, private }
+}
+
+/// Whether the pass of `span`, the trace's first unit, was under way when the trace began.
+///
+/// Mechanism. A ring buffer that wrapped (`max_entries`), or recording started from another
+/// thread, can open the trace in the middle of a forward pass. Inside a forward the blocks freed
+/// are that pass's own temporaries, made earlier in the same pass; a pass that frees a block made
+/// before the trace's first event, inside its module calls, began before it. The free may come
+/// before the pass's first allocation, where the pass is found (a free's stack is its
+/// allocation's under `context="alloc"`, and no free is placed by its stack then): a free of
+/// such a block from inside a module call, before any backward, counts too. Such a pass is seen
+/// in part: the blocks it made and saved before the trace are missing, so the share of its
+/// blocks that outlive it says nothing of its grad mode.
+fn begun_before_trace(
+    span: Span,
+    events: &[TraceEvent],
+    stacks: &StackTable,
+    phases: &Phases,
+    d: &DeviceReplay,
+) -> bool {
+    let first_phase = phases.backwards.first().is_none_or(|b| b.span.start >= span.end);
+    first_phase
+        && d.blocks.iter().any(|b| {
+            b.alloc_event().is_none()
+                && b.freed_at().is_some_and(|f| {
+                    span.contains(f) || f < span.start && stacks.get(events[f as usize].stack).module_call.is_some()
+                })
+        })
 }
 
 /// Mark unconsumed grad-on units that feed a retaining backward together with the pass right

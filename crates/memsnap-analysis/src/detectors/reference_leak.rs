@@ -240,6 +240,17 @@ impl Detector for ReferenceLeak {
                         UnitFate::Unconsumed | UnitFate::Abandoned if beside_held_graph(cx, u) => {
                             return (groups, per_call)
                         }
+                        // Seen in part: its grad mode is its call site's where every other pass
+                        // from there ran without grad (a service's `no_grad` requests), and
+                        // unknown otherwise (an evaluation with grad on, its first blocks cut,
+                        // keeps too few to look it).
+                        UnitFate::Unconsumed | UnitFate::Abandoned if unit.begun_before_trace => {
+                            if lc.call_site_runs_without_grad(u) {
+                                Origin::NoGrad
+                            } else {
+                                return (groups, per_call);
+                            }
+                        }
                         UnitFate::Unconsumed if !unit.grad_on => Origin::NoGrad,
                         // Grad on, no backward, and the graph let go: what stays is held by a
                         // reference to the tensors themselves (a detached output, the inputs).
