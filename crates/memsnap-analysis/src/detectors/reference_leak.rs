@@ -244,12 +244,13 @@ impl Detector for ReferenceLeak {
                         // from there ran without grad (a service's `no_grad` requests), and
                         // unknown otherwise (an evaluation with grad on, its first blocks cut,
                         // keeps too few to look it).
+                        UnitFate::Unconsumed | UnitFate::Abandoned
+                            if unit.begun_before_trace && lc.call_site_runs_without_grad(u) =>
+                        {
+                            Origin::NoGrad
+                        }
                         UnitFate::Unconsumed | UnitFate::Abandoned if unit.begun_before_trace => {
-                            if lc.call_site_runs_without_grad(u) {
-                                Origin::NoGrad
-                            } else {
-                                return (groups, per_call);
-                            }
+                            return (groups, per_call)
                         }
                         UnitFate::Unconsumed if !unit.grad_on => Origin::NoGrad,
                         // Grad on, no backward, and the graph let go: what stays is held by a
