@@ -1750,3 +1750,34 @@ fn holes_a_leak_pins_are_the_leaks_not_fragmentation() {
     let out = analyze(&fixture_with_prefix("extra3", "z14_"));
     assert_eq!(of_kind(&out, "fragmentation").len(), 1, "{}", describe(&out));
 }
+
+/// Parameters that require grad but that no optimizer clears get a `.grad` from their first
+/// backward, accumulated into ever after, while the optimizer's gradients are dropped by
+/// `zero_grad()` and made again each step: s11's linear probe over a ResNet backbone never
+/// frozen, ao06's teacher run with grad (in `limits/`: its teacher pass is not named), named at
+/// the `.backward()` line. Made once by every backward of the program (s89: no `zero_grad` at
+/// all; u01: `set_to_none=False`), gradients are no such fact; nor is the engine thread's cuBLAS
+/// workspace, made once beside gradients made again (g02).
+#[test]
+fn gradients_no_optimizer_clears_are_named_at_the_backward_line() {
+    for (set, prefix, line) in [("extra25", "s11_", 75), ("limits", "ao06_", 106)] {
+        let out = analyze(&fixture_with_prefix(set, prefix));
+        let waste = of_kind(&out, "unreleased_gradient");
+        assert!(
+            waste.len() == 1
+                && waste[0]["severity"] == "waste"
+                && waste[0]["site"]["line"] == line
+                && waste[0]["facts"]["hold"]["never_cleared"]["remade_in"].as_u64() >= Some(3),
+            "{prefix}:{}",
+            describe(&out)
+        );
+    }
+    for (set, prefix) in [("extra31", "s89_"), ("extra6", "u01_"), ("extra13", "g02_")] {
+        let out = analyze(&fixture_with_prefix(set, prefix));
+        assert!(
+            of_kind(&out, "unreleased_gradient").iter().all(|s| s["facts"]["hold"].get("never_cleared").is_none()),
+            "{prefix}:{}",
+            describe(&out)
+        );
+    }
+}

@@ -215,6 +215,10 @@ pub enum GradientHold {
     /// frame, of parameters' sizes, than there are parameters (`detectors/state_only.rs`).
     /// `generations`: the fewest such blocks per parameter over `distinct_sizes` sizes.
     SeenAtDump { generations: usize, distinct_sizes: usize },
+    /// Made by the line's first backward and never made again, while its later backwards made
+    /// the other gradients again in `remade_in` iterations: parameters that require grad but
+    /// that no optimizer clears (`.grad` accumulated into, never read).
+    NeverCleared { remade_in: usize, distinct_sizes: usize },
 }
 
 /// Why an OOM happened.

@@ -298,6 +298,14 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
                 generations,
                 generations.saturating_sub(1)
             ),
+            GradientHold::NeverCleared { remade_in, distinct_sizes } => format!(
+                "{} of {} made by the first backward pass at {} {} never made again, while the later backward passes made the other gradients again in {}: these parameters require grad, but no optimizer clears their `.grad` (a teacher run with grad, a backbone meant to be frozen), so every backward adds into gradients nothing reads. {tail}.",
+                plural(*blocks, "block", "blocks"),
+                plural(*distinct_sizes as u64, "parameter size", "parameter sizes"),
+                site(backward_line),
+                agree(*blocks, "was", "were"),
+                plural(*remade_in as u64, "iteration", "iterations")
+            ),
             GradientHold::ThroughEvaluation { window_start, passes, share_of_allocated, every_step } => {
                 // What began, and what the gradients were held through.
                 let (began, through) = if *every_step {
@@ -408,6 +416,7 @@ pub fn advice(s: &Suspect) -> String {
         Evidence::ReferenceLeak { origin: LeakOrigin::Backward, .. } => "Look for backward hooks (`register_full_backward_hook`, `Tensor.register_hook`) that store tensors, and for activations that were given `retain_grad()` and are kept (their `.grad` goes with them); keep `t.detach().cpu()` or a statistic (`t.norm().item()`), or clear the container every step.".into(),
         Evidence::ReferenceLeak { .. } => "Find what keeps these tensors alive (a forward hook, a dict cache, a closure, a global list) and bound it: clear or evict entries, `del` the reference, or keep `t.detach().cpu()` / a summary statistic instead of the GPU tensor.".into(),
         Evidence::UnreleasedGradient { hold: GradientHold::KeptEachStep { .. } | GradientHold::SeenAtDump { .. }, .. } => "Do not keep references to `.grad` tensors: store `p.grad.norm().item()` or `p.grad.detach().cpu()`, and clear gradients with `optimizer.zero_grad(set_to_none=True)`.".into(),
+        Evidence::UnreleasedGradient { hold: GradientHold::NeverCleared { .. }, .. } => "Stop gradients where none is wanted: run a fixed model (a teacher, a target network) under `torch.no_grad()` or detach its output, and freeze what no optimizer trains (`module.requires_grad_(False)`); a parameter outside every optimizer still gets a `.grad` from each backward, and `optimizer.zero_grad()` never clears it.".into(),
         Evidence::UnreleasedGradient { hold: GradientHold::ThroughEvaluation { .. }, .. } => "Release gradients before evaluating: `optimizer.zero_grad(set_to_none=True)` right after `optimizer.step()` (not at the start of the next step, and not `set_to_none=False`).".into(),
         Evidence::Fragmentation { cached_free_at_end, .. } => format!(
             "Set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` so segments grow instead of splitting; make tensor sizes uniform (pad or bucket variable-length batches); allocate long-lived tensors up front, not between short-lived ones; call `torch.cuda.empty_cache()` only at phase boundaries. ({} cached free at the end.)",

@@ -15,8 +15,14 @@
 //!   them (the late `zero_grad`), read from the stacks of their free events, else at the
 //!   `.backward()` line.
 //!
-//! Claims: kept gradient-like backward blocks; for the waste fact, the gradients alive at the
-//! window start. Near misses: gradients allocated once and reused; gradients freed before the
+//! - never cleared: the first backward of a line made gradients that no later one made again,
+//!   while the later ones made the others again step after step: parameters that require grad
+//!   but that no optimizer clears (a teacher run with grad, a backbone never frozen), their
+//!   `.grad` made once and accumulated into, never read: bounded, severity `waste`, named at the
+//!   `.backward()` line.
+//!
+//! Claims: kept gradient-like backward blocks; for the waste facts, the gradients alive at the
+//! window start, or made once and never cleared. Near misses: gradients allocated once and reused; gradients freed before the
 //! evaluation starts; a window made only by checkpoint recomputation (that is backward); the
 //! static gradients of a backward captured in a CUDA graph, which live in the graph's private
 //! pool as long as the graph does, and a lone parameter-sized block a backward left beside the
@@ -30,6 +36,12 @@ use super::{state_only, Context, Detector, Finding};
 use crate::attribution::Attr;
 use crate::evidence::{Evidence, GradientHold, Occurrence, Severity, SuspectKind};
 use crate::lifecycle::UnitFate;
+
+/// The fewest gradients made once that read as a model's parameters no optimizer clears. A
+/// model's parameters come at least as a weight and a bias in each of two layers; what else a
+/// backward makes once and never frees is one or two library workspaces (the autograd engine
+/// thread's cuBLAS workspace, 32 MiB on an H100, made by its first matmul: g02).
+const MIN_UNCLEARED_GRADIENTS: usize = 4;
 
 pub struct UnreleasedGradient;
 
@@ -83,9 +95,100 @@ impl Detector for UnreleasedGradient {
                 blocks: g.blocks.clone(),
             });
         }
-        out.extend(through_evaluation(cx, &leak_lines));
+        let uncleared: Vec<Finding> = never_cleared(cx, &leak_lines).collect();
+        let never: BTreeSet<usize> = uncleared.iter().flat_map(|f| f.blocks.iter().copied()).collect();
+        out.extend(through_evaluation(cx, &leak_lines, &never));
+        out.extend(uncleared);
         out
     }
+}
+
+/// Gradients the first backward of a line made and kept to the end, none of which a later
+/// backward of that line made again, while the later ones made the line's other gradients again
+/// in at least `min_leak_occurrences` iterations.
+///
+/// Mechanism. `optimizer.zero_grad()` (`set_to_none=True`, the default) drops the `.grad` of the
+/// parameters the optimizer holds, so the next backward makes them again. A parameter that
+/// requires grad but is in no optimizer gets its `.grad` from the first backward that reaches
+/// it, and every later backward accumulates into that tensor in place: made once, alive to the
+/// end, never read, beside gradients made again every step. That is a teacher whose forward ran
+/// with grad and whose output was not detached, or a backbone meant to be frozen whose
+/// `requires_grad` was never turned off (ao06). Near misses: `zero_grad(set_to_none=False)`
+/// keeps every gradient made once, and none is made again; a trace that begins after the first
+/// backward has them as blocks from before it (ag14, in `fixtures/limits`); what
+/// `torch.autograd.grad` returns is no `.grad`.
+fn never_cleared<'a>(cx: &'a Context, leak_lines: &'a [Option<FrameId>]) -> impl Iterator<Item = Finding> + 'a {
+    let min_once = cx.thresholds.min_gradients_per_step;
+    cx.kept_backward_groups().iter().filter(move |g| !leak_lines.contains(&g.line)).filter_map(move |g| {
+        let first_backward = cx.phases.backwards.iter().find(|b| b.line == g.line)?;
+        if cx.events.get(first_backward.span.start as usize).is_some_and(|e| cx.stacks.get(e.stack).grad_call) {
+            return None;
+        }
+        let first = cx.phases.iteration_of(first_backward.span.start)?;
+        let once: Vec<usize> = g
+            .blocks
+            .iter()
+            .copied()
+            .filter(|&bi| {
+                let b = &cx.replay.blocks[bi];
+                cx.param_sizes.contains(&b.size)
+                    && cx.iteration_of(b) == Some(first)
+                    && !cx.lifecycle.in_private_pool(bi)
+            })
+            .collect();
+        let sizes: BTreeSet<u64> = once.iter().map(|&bi| cx.replay.blocks[bi].size).collect();
+        if once.len() < MIN_UNCLEARED_GRADIENTS || sizes.len() < 2 {
+            return None;
+        }
+        // Iterations after the first in which this line's backward made gradients again: blocks
+        // of parameter sizes that outlived the backward that made it (a gradient lives on as
+        // `.grad` until `zero_grad`; an activation's gradient of a parameter's size is freed
+        // inside the backward).
+        let mut made: BTreeMap<usize, u64> = BTreeMap::new();
+        for b in &cx.replay.blocks {
+            if !cx.param_sizes.contains(&b.size) || cx.attr(b) != Attr::Backward(g.line) {
+                continue;
+            }
+            let Some(a) = b.alloc_event() else { continue };
+            let outlived = cx
+                .phases
+                .backward_index_at(a)
+                .is_some_and(|k| b.freed_at().is_none_or(|f| f >= cx.phases.backwards[k].span.end));
+            if let Some(it) = cx.iteration_of(b).filter(|&it| it > first && outlived) {
+                *made.entry(it).or_default() += 1;
+            }
+        }
+        let remade = made.values().filter(|&&n| n >= min_once).count();
+        if remade < cx.thresholds.min_leak_occurrences {
+            return None;
+        }
+        let bytes: u64 = once.iter().map(|&bi| cx.replay.blocks[bi].size).sum();
+        // Held for the whole run, they are measured against what the program holds at rest, at
+        // the dump (its parameters, optimizer state and these), not against a step's peak.
+        let at_dump = cx.replay.series.after(cx.replay.series.len().checked_sub(1)).allocated;
+        let share = bytes as f64 / at_dump.max(1) as f64;
+        if bytes < cx.thresholds.min_suspect_bytes || share < cx.thresholds.grad_waste_share {
+            return None;
+        }
+        Some(Finding {
+            occurrences: 0,
+            kind: SuspectKind::UnreleasedGradient,
+            severity: Severity::Waste,
+            confidence: (0.55 + 2.0 * share).min(0.9),
+            occurrence: Occurrence::Iteration,
+            boundaries: Vec::new(),
+            bytes: Some(bytes),
+            site: g.line.map(|f| cx.site(f)),
+            stack: cx.backward_stack(g.line),
+            facts: Evidence::UnreleasedGradient {
+                hold: GradientHold::NeverCleared { remade_in: remade, distinct_sizes: sizes.len() },
+                blocks: once.len() as u64,
+                backward_line: g.line.map(|f| cx.site(f)),
+                released_at: None,
+            },
+            blocks: once,
+        })
+    })
 }
 
 /// The first iteration of the run of the backward line's iterations, each of which kept
@@ -122,7 +225,11 @@ fn every_step(cx: &Context) -> bool {
 
 /// Gradients alive at the start of the evaluation window (among the first 64) where they held the
 /// most bytes.
-fn through_evaluation(cx: &Context, leak_lines: &[Option<FrameId>]) -> Option<Finding> {
+fn through_evaluation(
+    cx: &Context,
+    leak_lines: &[Option<FrameId>],
+    never_cleared: &BTreeSet<usize>,
+) -> Option<Finding> {
     let phases = cx.phases;
     let d = cx.replay;
     // Windows with a real evaluation pass: an unconsumed forward pass inside.
@@ -147,6 +254,11 @@ fn through_evaluation(cx: &Context, leak_lines: &[Option<FrameId>]) -> Option<Fi
             // A captured backward's static gradients are its CUDA graph's, not the program's to
             // release (`Lifecycle::in_private_pool`).
             if cx.lifecycle.in_private_pool(bi) {
+                continue;
+            }
+            // Gradients no optimizer clears are held for good, not until a late `zero_grad`
+            // (`never_cleared`).
+            if never_cleared.contains(&bi) {
                 continue;
             }
             if let Attr::Backward(line) = cx.attr(b) {
