@@ -3,7 +3,7 @@
 //! Mechanism. A backward allocates one gradient per parameter (the autograd engine, so without
 //! Python frames under `stacks="python"`; memsnap attributes them to the `.backward()` line) of
 //! the parameter's size. `zero_grad(set_to_none=True)` drops them; `optimizer.step()` reads them.
-//! Two facts are reported:
+//! Three facts are reported:
 //! - kept each step: gradients of step after step still allocated at the end (references to
 //!   `p.grad` stored in a log, then `zero_grad` makes new ones), in half the iterations or in
 //!   every one from a warm-up's end on (`kept_to_the_end_since`): severity `leak`.
@@ -22,7 +22,8 @@
 //!   `.backward()` line.
 //!
 //! Claims: kept gradient-like backward blocks; for the waste facts, the gradients alive at the
-//! window start, or made once and never cleared. Near misses: gradients allocated once and reused; gradients freed before the
+//! window start, or made once and never cleared. Near misses: gradients allocated once and
+//! reused by every backward (`set_to_none=False`, or no `zero_grad`); gradients freed before the
 //! evaluation starts; a window made only by checkpoint recomputation (that is backward); the
 //! static gradients of a backward captured in a CUDA graph, which live in the graph's private
 //! pool as long as the graph does, and a lone parameter-sized block a backward left beside the
