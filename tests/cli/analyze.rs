@@ -1757,7 +1757,8 @@ fn holes_a_leak_pins_are_the_leaks_not_fragmentation() {
 /// frozen, ao06's teacher run with grad (in `limits/`: its teacher pass is not named), named at
 /// the `.backward()` line. Made once by every backward of the program (s89: no `zero_grad` at
 /// all; u01: `set_to_none=False`), gradients are no such fact; nor is the engine thread's cuBLAS
-/// workspace, made once beside gradients made again (g02).
+/// workspace, made once beside gradients made again (g02), which is not held through its
+/// evaluation either: it is held for good, and g02 (clean) has no unreleased_gradient at all.
 #[test]
 fn gradients_no_optimizer_clears_are_named_at_the_backward_line() {
     for (set, prefix, line) in [("extra25", "s11_", 75), ("limits", "ao06_", 106)] {
@@ -1780,4 +1781,6 @@ fn gradients_no_optimizer_clears_are_named_at_the_backward_line() {
             describe(&out)
         );
     }
+    let out = analyze(&fixture_with_prefix("extra13", "g02_"));
+    assert!(of_kind(&out, "unreleased_gradient").is_empty(), "g02:{}", describe(&out));
 }

@@ -96,9 +96,8 @@ impl Detector for UnreleasedGradient {
                 blocks: g.blocks.clone(),
             });
         }
-        let uncleared: Vec<Finding> = never_cleared(cx, &leak_lines).collect();
-        let never: BTreeSet<usize> = uncleared.iter().flat_map(|f| f.blocks.iter().copied()).collect();
-        out.extend(through_evaluation(cx, &leak_lines, &never));
+        let (made_once, uncleared) = never_cleared(cx, &leak_lines);
+        out.extend(through_evaluation(cx, &leak_lines, &made_once));
         out.extend(uncleared);
         out
     }
@@ -118,14 +117,19 @@ impl Detector for UnreleasedGradient {
 /// keeps every gradient made once, and none is made again; a trace that begins after the first
 /// backward has them as blocks from before it (ag14, in `fixtures/limits`); what
 /// `torch.autograd.grad` returns is no `.grad`.
-fn never_cleared<'a>(cx: &'a Context, leak_lines: &'a [Option<FrameId>]) -> impl Iterator<Item = Finding> + 'a {
+///
+/// Returns every block made once so (workspaces too, which the floor of
+/// `MIN_UNCLEARED_GRADIENTS` leaves unreported), and the findings.
+fn never_cleared(cx: &Context, leak_lines: &[Option<FrameId>]) -> (BTreeSet<usize>, Vec<Finding>) {
     let min_once = cx.thresholds.min_gradients_per_step;
-    cx.kept_backward_groups().iter().filter(move |g| !leak_lines.contains(&g.line)).filter_map(move |g| {
-        let first_backward = cx.phases.backwards.iter().find(|b| b.line == g.line)?;
+    let mut made_once = BTreeSet::new();
+    let mut findings = Vec::new();
+    for g in cx.kept_backward_groups().iter().filter(|g| !leak_lines.contains(&g.line)) {
+        let Some(first_backward) = cx.phases.backwards.iter().find(|b| b.line == g.line) else { continue };
         if cx.events.get(first_backward.span.start as usize).is_some_and(|e| cx.stacks.get(e.stack).grad_call) {
-            return None;
+            continue;
         }
-        let first = cx.phases.iteration_of(first_backward.span.start)?;
+        let Some(first) = cx.phases.iteration_of(first_backward.span.start) else { continue };
         let once: Vec<usize> = g
             .blocks
             .iter()
@@ -137,15 +141,15 @@ fn never_cleared<'a>(cx: &'a Context, leak_lines: &'a [Option<FrameId>]) -> impl
                     && !cx.lifecycle.in_private_pool(bi)
             })
             .collect();
-        let sizes: BTreeSet<u64> = once.iter().map(|&bi| cx.replay.blocks[bi].size).collect();
-        if once.len() < MIN_UNCLEARED_GRADIENTS || sizes.len() < 2 {
-            return None;
+        if once.is_empty() {
+            continue;
         }
         // Iterations after the first in which this line's backward made gradients again: blocks
-        // of parameter sizes that outlived the backward that made it (a gradient lives on as
+        // of parameter sizes that outlived the backward that made them (a gradient lives on as
         // `.grad` until `zero_grad`; an activation's gradient of a parameter's size is freed
         // inside the backward).
         let mut made: BTreeMap<usize, u64> = BTreeMap::new();
+        let mut remade = 0;
         for b in &cx.replay.blocks {
             if !cx.param_sizes.contains(&b.size) || cx.attr(b) != Attr::Backward(g.line) {
                 continue;
@@ -156,12 +160,20 @@ fn never_cleared<'a>(cx: &'a Context, leak_lines: &'a [Option<FrameId>]) -> impl
                 .backward_index_at(a)
                 .is_some_and(|k| b.freed_at().is_none_or(|f| f >= cx.phases.backwards[k].span.end));
             if let Some(it) = cx.iteration_of(b).filter(|&it| it > first && outlived) {
-                *made.entry(it).or_default() += 1;
+                let n = made.entry(it).or_default();
+                *n += 1;
+                if *n == min_once {
+                    remade += 1;
+                }
             }
         }
-        let remade = made.values().filter(|&&n| n >= min_once).count();
         if remade < cx.thresholds.min_leak_occurrences {
-            return None;
+            continue;
+        }
+        made_once.extend(once.iter().copied());
+        let sizes: BTreeSet<u64> = once.iter().map(|&bi| cx.replay.blocks[bi].size).collect();
+        if once.len() < MIN_UNCLEARED_GRADIENTS || sizes.len() < 2 {
+            continue;
         }
         let bytes: u64 = once.iter().map(|&bi| cx.replay.blocks[bi].size).sum();
         // Held for the whole run, they are measured against what the program holds at rest, at
@@ -169,9 +181,9 @@ fn never_cleared<'a>(cx: &'a Context, leak_lines: &'a [Option<FrameId>]) -> impl
         let at_dump = cx.replay.series.after(cx.replay.series.len().checked_sub(1)).allocated;
         let share = bytes as f64 / at_dump.max(1) as f64;
         if bytes < cx.thresholds.min_suspect_bytes || share < cx.thresholds.grad_waste_share {
-            return None;
+            continue;
         }
-        Some(Finding {
+        findings.push(Finding {
             occurrences: 0,
             kind: SuspectKind::UnreleasedGradient,
             severity: Severity::Waste,
@@ -188,8 +200,9 @@ fn never_cleared<'a>(cx: &'a Context, leak_lines: &'a [Option<FrameId>]) -> impl
                 released_at: None,
             },
             blocks: once,
-        })
-    })
+        });
+    }
+    (made_once, findings)
 }
 
 /// The first iteration of the run of the backward line's iterations, each of which kept
@@ -257,8 +270,9 @@ fn through_evaluation(
             if cx.lifecycle.in_private_pool(bi) {
                 continue;
             }
-            // Gradients no optimizer clears are held for good, not until a late `zero_grad`
-            // (`never_cleared`).
+            // What a line's first backward made and kept while its later ones made their
+            // gradients again is held for good, not until a late `zero_grad`: gradients no
+            // optimizer clears, or the engine thread's library workspace (`never_cleared`: g02).
             if never_cleared.contains(&bi) {
                 continue;
             }
