@@ -32,6 +32,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use memsnap_model::{BlockState, FrameId};
+use rayon::prelude::*;
 
 use super::{state_only, Context, Detector, Finding};
 use crate::attribution::Attr;
@@ -148,25 +149,26 @@ fn never_cleared(cx: &Context, leak_lines: &[Option<FrameId>]) -> (BTreeSet<usiz
         // of parameter sizes that outlived the backward that made them (a gradient lives on as
         // `.grad` until `zero_grad`; an activation's gradient of a parameter's size is freed
         // inside the backward).
-        let mut made: BTreeMap<usize, u64> = BTreeMap::new();
-        let mut remade = 0;
-        for b in &cx.replay.blocks {
-            if !cx.param_sizes.contains(&b.size) || cx.attr(b) != Attr::Backward(g.line) {
-                continue;
-            }
-            let Some(a) = b.alloc_event() else { continue };
-            let outlived = cx
-                .phases
-                .backward_index_at(a)
-                .is_some_and(|k| b.freed_at().is_none_or(|f| f >= cx.phases.backwards[k].span.end));
-            if let Some(it) = cx.iteration_of(b).filter(|&it| it > first && outlived) {
-                let n = made.entry(it).or_default();
-                *n += 1;
-                if *n == min_once {
-                    remade += 1;
+        let its: Vec<usize> = cx
+            .replay
+            .blocks
+            .par_iter()
+            .filter_map(|b| {
+                if !cx.param_sizes.contains(&b.size) {
+                    return None;
                 }
-            }
+                let a = b.alloc_event()?;
+                let k = cx.phases.backward_index_at(a)?;
+                let outlived = b.freed_at().is_none_or(|f| f >= cx.phases.backwards[k].span.end);
+                let it = cx.phases.iteration_of(a).filter(|&it| it > first && outlived)?;
+                (cx.attr(b) == Attr::Backward(g.line)).then_some(it)
+            })
+            .collect();
+        let mut made: BTreeMap<usize, u64> = BTreeMap::new();
+        for it in its {
+            *made.entry(it).or_default() += 1;
         }
+        let remade = made.values().filter(|&&n| n >= min_once).count();
         if remade < cx.thresholds.min_leak_occurrences {
             continue;
         }
