@@ -110,6 +110,16 @@ pub fn unxz(path: &Path) -> Vec<u8> {
     out
 }
 
+/// Whether `python3` cannot be run here (the rewrites of `fixtures/gen/recording_settings.py`
+/// need it); then the test says so, `SKIPPED {skipped}`, and should return.
+pub fn without_python3(skipped: &str) -> bool {
+    let missing = Command::new("python3").arg("--version").output().is_err();
+    if missing {
+        println!("SKIPPED {skipped}");
+    }
+    missing
+}
+
 /// `snapshot` as another recording setting would have written it (`setting`, see
 /// `fixtures/gen/recording_settings.py`), written into `dir` by Python's own pickle module: the
 /// path of the rewritten pickle. Fails the test when the script fails.

@@ -316,8 +316,7 @@ fn stacks_all_recordings_read_as_their_python_stack_twins() {
 /// fifth, is not.
 #[test]
 fn ring_window_counts_kept_blocks_made_before_it() {
-    if std::process::Command::new("python3").arg("--version").output().is_err() {
-        println!("SKIPPED ring_window_counts_kept_blocks_made_before_it: no python3 to cut the fixtures");
+    if common::without_python3("ring_window_counts_kept_blocks_made_before_it: no python3 to cut the fixtures") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -345,8 +344,7 @@ fn ring_window_counts_kept_blocks_made_before_it() {
 /// kept graphs are the evaluation's (retained_graph and no_grad_missing at line 93), nothing else.
 #[test]
 fn a_pass_under_way_when_the_ring_began_is_not_judged() {
-    if std::process::Command::new("python3").arg("--version").output().is_err() {
-        println!("SKIPPED a_pass_under_way_when_the_ring_began_is_not_judged: no python3 to cut the fixture");
+    if common::without_python3("a_pass_under_way_when_the_ring_began_is_not_judged: no python3 to cut the fixture") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -380,8 +378,7 @@ fn analyze_rewritten(dir: &std::path::Path, setting: &str, fixture: &str) -> ser
 /// fifth, and without event stacks, the suspect's stack must start at line 42.
 #[test]
 fn a_state_read_leak_is_shown_with_the_stack_that_keeps_making_its_blocks() {
-    if std::process::Command::new("python3").arg("--version").output().is_err() {
-        println!("SKIPPED a_state_read_leak_is_shown_with_the_stack_that_keeps_making_its_blocks: no python3");
+    if common::without_python3("a_state_read_leak_is_shown_with_the_stack_that_keeps_making_its_blocks: no python3") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -544,8 +541,7 @@ fn alarms_under_settings(test: &str, settings: &[&str], known: &[(&str, &str, &s
     assert!(fixtures.len() >= 67, "expected the bundled fixtures, found {}", fixtures.len());
     // The rewrite is made by Python's own pickle module: the files must be pickles as Python
     // writes them, and no Rust crate here writes what it reads.
-    if std::process::Command::new("python3").arg("--version").output().is_err() {
-        println!("SKIPPED {test}: no python3 to rewrite the fixtures");
+    if common::without_python3(&format!("{test}: no python3 to rewrite the fixtures")) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -405,8 +405,9 @@ fn a_trace_without_free_requested_says_so() {
 /// same blocks lie inside the window.
 #[test]
 fn a_ring_of_one_entry_is_not_taken_for_skipped_actions() {
-    if std::process::Command::new("python3").arg("--version").output().is_err() {
-        println!("SKIPPED a_ring_of_one_entry_is_not_taken_for_skipped_actions: no python3 to rewrite the fixture");
+    if common::without_python3(
+        "a_ring_of_one_entry_is_not_taken_for_skipped_actions: no python3 to rewrite the fixture",
+    ) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
