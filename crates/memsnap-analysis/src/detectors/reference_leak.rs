@@ -1102,8 +1102,10 @@ fn rises_with_every_build(times: &[u32], measure: impl Fn(u32, u32) -> Option<u3
 /// reads as full.
 fn at_capacity(cx: &Context, g: &Group, start: impl Fn(usize) -> Option<u32>) -> bool {
     let blocks = &cx.replay.blocks;
-    let replaced = replaced_blocks(cx, g, &start);
-    let before_trace = let_go_from_before_the_trace(cx, g, &start);
+    let own = OwnLetGo::of(cx, g);
+    let replaced: Vec<usize> =
+        replaced_blocks(cx, g, &start).into_iter().filter(|bi| own.blocks.binary_search(bi).is_err()).collect();
+    let before_trace = let_go_from_before_the_trace(cx, g, &own, &start);
     if g.evicted_blocks.is_empty() && replaced.is_empty() && before_trace.is_empty() {
         return false;
     }
@@ -1124,10 +1126,10 @@ fn at_capacity(cx: &Context, g: &Group, start: impl Fn(usize) -> Option<u32>) ->
         of.iter().filter_map(|&bi| event(&blocks[bi]).map(|e| (e, blocks[bi].size))).collect()
     };
     let kept_made = at(&g.blocks, |b| b.alloc_event());
-    let made = events([kept_made.as_slice(), &at(&g.evicted_blocks, |b| b.alloc_event())].concat());
+    let made = events([kept_made.as_slice(), &at(&own.blocks, |b| b.alloc_event())].concat());
     let kept = events(kept_made);
     let let_go = events(
-        [at(&g.evicted_blocks, |b| b.freed_at()), at(&replaced, |b| b.freed_at()), at(&before_trace, |b| b.freed_at())]
+        [at(&own.blocks, |b| b.freed_at()), at(&replaced, |b| b.freed_at()), at(&before_trace, |b| b.freed_at())]
             .concat(),
     );
     // Number and bytes of `v`'s entries before event `t`.
@@ -1151,6 +1153,36 @@ fn at_capacity(cx: &Context, g: &Group, start: impl Fn(usize) -> Option<u32>) ->
         let within = |rise: i64, kept: i64| rise as f64 <= CAPACITY_RISE_SHARE * kept as f64;
         kept_between > 0 && (within(count - n, kept_between) || within(bytes - b, kept_bytes_between))
     })
+}
+
+/// What group `g`'s own statements made in the trace and let go in it: every block allocated at
+/// a stack of one of the group's blocks (kept or evicted) and freed before the end, sorted, and
+/// those stacks.
+///
+/// Mechanism: a store's statement makes the entries it keeps and, in a store that overwrites
+/// them, the entries it later lets go; how long a let-go entry lived says nothing of whose it
+/// was. A dict entry overwritten whenever its key comes again lives a step or two (aq16's class
+/// prototypes, most of the 40 classes met in every batch), so it is neither kept to the end nor
+/// evicted past the occurrence after its own, yet it is the store's own: counted with what the
+/// store made and let go, and never as another line's block of the store's sizes.
+struct OwnLetGo {
+    stacks: FxHashSet<StackId>,
+    blocks: Vec<usize>,
+}
+
+impl OwnLetGo {
+    fn of(cx: &Context, g: &Group) -> OwnLetGo {
+        let blocks = &cx.replay.blocks;
+        let stacks: FxHashSet<StackId> =
+            g.blocks.iter().chain(&g.evicted_blocks).map(|&bi| cx.event_stack(&blocks[bi])).collect();
+        let own = (0..blocks.len())
+            .filter(|&bi| {
+                let b = &blocks[bi];
+                b.alloc_event().is_some() && b.freed_at().is_some() && stacks.contains(&cx.event_stack(b))
+            })
+            .collect();
+        OwnLetGo { stacks, blocks: own }
+    }
 }
 
 /// Blocks not of group `g` that one of its allocations replaced: freed by the trace's very next
@@ -1239,7 +1271,12 @@ fn replaced_blocks(cx: &Context, g: &Group, start: &impl Fn(usize) -> Option<u32
 /// dying with it would reject all; s33's and i07's stores cut to their last half).
 /// Measured on every fixture cut to its last 70, 50, 35, 20 and 10% of trace entries (a ring
 /// that wrapped): clean programs read as leaking went from 5, 10 (at 50, 20%) to 0, 1.
-fn let_go_from_before_the_trace(cx: &Context, g: &Group, start: &impl Fn(usize) -> Option<u32>) -> Vec<usize> {
+fn let_go_from_before_the_trace(
+    cx: &Context,
+    g: &Group,
+    own: &OwnLetGo,
+    start: &impl Fn(usize) -> Option<u32>,
+) -> Vec<usize> {
     let blocks = &cx.replay.blocks;
     let free_stack = |b: &memsnap_replay::BlockLifetime| {
         b.freed_at()
@@ -1249,9 +1286,8 @@ fn let_go_from_before_the_trace(cx: &Context, g: &Group, start: &impl Fn(usize) 
     };
     // The range of the group's sizes (see above).
     let Some(sizes) = size_range(cx, g.blocks.iter().chain(&g.evicted_blocks)) else { return Vec::new() };
-    let own: FxHashSet<usize> = g.evicted_blocks.iter().copied().collect();
     // Free stacks of blocks made before the trace, of the group's sizes; then those where a block
-    // of such a size made in the trace, not the group's own let-go, is freed too.
+    // of such a size made in the trace, not one of the group's own ([`OwnLetGo`]), is freed too.
     let mut candidates: Vec<(usize, StackId)> = Vec::new();
     let mut stacks: FxHashSet<StackId> = FxHashSet::default();
     for (bi, b) in blocks.iter().enumerate() {
@@ -1267,9 +1303,8 @@ fn let_go_from_before_the_trace(cx: &Context, g: &Group, start: &impl Fn(usize) 
     }
     let shared: FxHashSet<StackId> = blocks
         .iter()
-        .enumerate()
-        .filter(|&(bi, b)| b.alloc_event().is_some() && !own.contains(&bi) && sizes.contains(&b.size))
-        .filter_map(|(_, b)| free_stack(b).filter(|s| stacks.contains(s)))
+        .filter(|b| b.alloc_event().is_some() && !own.stacks.contains(&cx.event_stack(b)) && sizes.contains(&b.size))
+        .filter_map(|b| free_stack(b).filter(|s| stacks.contains(s)))
         .collect();
     let own_sites = lines_named_by_frees(cx, g.blocks.iter().chain(&g.evicted_blocks));
     let made_by_group = |s: StackId| cx.stacks.get(s).site.is_some_and(|site| own_sites.contains(&site));
