@@ -337,6 +337,34 @@ fn ring_window_counts_kept_blocks_made_before_it() {
     assert_eq!(a["suspects"].as_array().unwrap().len(), 0, "l06 cut to its last fifth: {a}");
 }
 
+/// A store whose entries are overwritten whenever their key comes again lets its own entries
+/// go within a step or two, neither kept to the end nor evicted past the next occurrence
+/// (`reference_leak::OwnLetGo`): aq16's class prototypes, a dict of 40 entries full from its
+/// eighth step, cut to its last fifth, read clean (they read as a leak before the store's
+/// short-lived entries were counted as its own); its twin aq17, keyed by class and step, still
+/// reads as the leak at line 75 in the same window.
+#[test]
+fn a_store_overwriting_its_entries_is_bounded_in_a_ring_window() {
+    if common::without_python3("a_store_overwriting_its_entries_is_bounded_in_a_ring_window: no python3") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let leaks = |fixture: &str| -> Vec<u64> {
+        let a = analyze_rewritten(dir.path(), "last20", fixture);
+        a["suspects"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["kind"] == "reference_leak")
+            .filter_map(|s| s["site"]["line"].as_u64())
+            .collect()
+    };
+    let bounded = leaks("extra47/aq16_class_incremental_prototype_dict_saturates_at_40_classes_clean.pickle.xz");
+    assert!(bounded.is_empty(), "aq16 cut to its last fifth reads as leaking at lines {bounded:?}");
+    let leaking = leaks("extra47/aq17_class_incremental_prototype_dict_keyed_by_class_and_step_leak.pickle.xz");
+    assert_eq!(leaking, vec![75], "aq17 cut to its last fifth");
+}
+
 /// A ring that begins inside a forward pass shows that pass in part (`lifecycle::begun_before_trace`):
 /// g01's `stacks="all"` recording cut to its last half opens in a checkpointed block of an
 /// evaluation pass, which, missing its first blocks, kept too few to look run with grad, and its
@@ -447,6 +475,13 @@ fn scorecard_over_ring_windows() {
         // fifth holds that one pass only; the whole trace and its last half hold the evaluation's
         // other passes, which make no casts, and read clean.
         ("al08_convnext_tiny_bf16_channels_last_adamw_clip_clean", "last20", "no_grad_missing"),
+        // An `lru_cache(maxsize=8)` of causal masks over 20 sequence lengths: the last half (12
+        // iterations) made four masks, of 2.6 to 3.8 MiB, and the masks it evicted from before
+        // the window were of other lengths (1.6 to 4.8 MiB): evictions from before a window
+        // count only within the range of sizes the line makes in it
+        // (`let_go_from_before_the_trace`), so none counts. The whole trace and its last fifth
+        // read clean.
+        ("aq18_causal_mask_lru_cache_maxsize8_twenty_lengths_clean", "last50", "clean"),
     ];
     alarms_under_settings("scorecard_over_ring_windows", &["last50", "last20"], KNOWN);
 }
@@ -506,6 +541,16 @@ fn scorecard_without_event_stacks() {
         // And for a temporal convolution net's autoregressive rollouts run with grad on and kept
         // (al04): each step's graph is a few convolutions and GELUs, no norm twins.
         ("al04_tcn_forecaster_rollout_without_no_grad_keeps_forecasts_leak", S, "reference_leak"),
+        // And for a CTC BiLSTM's sample decoding (aq04: an LSTM saves no norm statistics, the
+        // conv front end's batch norms run in eval mode) and a CNN's test-time augmentation
+        // (aq10, batch norms in eval mode), both run with grad on and kept.
+        ("aq04_ctc_bilstm_sample_decoding_keeps_log_probs_with_graph_leak", S, "reference_leak"),
+        ("aq10_cnn_tta_evaluate_without_no_grad_keeps_val_probs_leak", S, "reference_leak"),
+        // An `lru_cache(maxsize=8)` of causal masks over 20 lengths: 8 masks alive at the dump
+        // from one line, made in 8 of 27 iterations, and their range of sizes (1-4.8 MiB) is
+        // the range of the steps' activations too, so the blocks of those sizes settle into
+        // none of the bounded shapes `state_only::WorkingSet` knows (s54's LRU, above, alike).
+        ("aq18_causal_mask_lru_cache_maxsize8_twenty_lengths_clean", S, "clean"),
     ];
     // Cut to its last half as well (a ring that wrapped): the same misreadings; x02's evaluation
     // without `no_grad` of a CNN whose batch norms run in eval mode (no twins), which the whole
@@ -614,6 +659,7 @@ fn scorecard_with_allocation_stacks_on_frees() {
         ("ab06_step_records_in_reference_cycles_freed_by_gc_clean", "context-alloc+last20", "clean"),
         ("af14_dcgan_logger_keeps_d_loss_of_skipped_d_steps_leak", "context-alloc+last20", "no_grad_missing"),
         ("al08_convnext_tiny_bf16_channels_last_adamw_clip_clean", "context-alloc+last20", "no_grad_missing"),
+        ("aq18_causal_mask_lru_cache_maxsize8_twenty_lengths_clean", "context-alloc+last50", "clean"),
     ];
     alarms_under_settings(
         "scorecard_with_allocation_stacks_on_frees",
