@@ -365,6 +365,43 @@ fn a_store_overwriting_its_entries_is_bounded_in_a_ring_window() {
     assert_eq!(leaking, vec![75], "aq17 cut to its last fifth");
 }
 
+/// A store that overwrites most of its entries every step keeps something to the end in only
+/// its last few steps, and lets go long-lived tensors, so neither the share of kept steps nor a
+/// cache's bound tells whether it grows; what it holds at the start of each step does
+/// (`reference_leak::held_level`). at01 (a prototype dict gaining two classes a step), at02 (a
+/// session-state dict whose sessions are never closed) and at04 (an EMA bank list appended to
+/// beside its rebound slots, in a wrapped ring) read as leaks at their store lines, with the
+/// rising level in their facts; their bounded twins, at03 (sessions closed after five turns)
+/// and at05 (an LRU of 20, full at its fifth step), read clean.
+#[test]
+fn a_store_overwriting_its_entries_while_gaining_entries_is_a_leak() {
+    let suspects = |name: &str| -> Vec<Value> {
+        let path = common::fixture(&format!("extra49/{name}.pickle.xz"));
+        let a = common::memsnap(&["analyze", "--json", path.to_str().unwrap()]).json();
+        a["suspects"].as_array().unwrap().clone()
+    };
+    for (name, line) in [
+        ("at01_class_incremental_prototype_dict_two_new_classes_every_step_never_saturates_leak", 64),
+        ("at02_streaming_intent_service_session_memory_dict_sessions_never_closed_leak", 83),
+        ("at04_audio_tagger_ema_feature_bank_list_hard_anchor_appended_every_step_leak", 88),
+    ] {
+        let found = suspects(name);
+        let leak = found.iter().find(|s| s["kind"] == "reference_leak" && s["severity"] == "leak");
+        let leak = leak.unwrap_or_else(|| panic!("{name}: no reference_leak: {found:?}"));
+        assert_eq!(leak["site"]["line"], line, "{name}");
+        let level = &leak["facts"]["level"];
+        let (first, last) = (level["first_bytes"].as_u64().unwrap(), level["last_bytes"].as_u64().unwrap());
+        assert!(last > first && level["new_highs"].as_u64() > Some(0), "{name}: {level}");
+    }
+    for name in [
+        "at03_streaming_intent_service_session_memory_dict_closed_after_five_turns_clean",
+        "at05_semisupervised_segmentation_temporal_ensemble_lru_ordereddict_capacity_20_clean",
+    ] {
+        let found = suspects(name);
+        assert!(found.is_empty(), "{name} reads {found:?}");
+    }
+}
+
 /// A ring that begins inside a forward pass shows that pass in part (`lifecycle::begun_before_trace`):
 /// g01's `stacks="all"` recording cut to its last half opens in a checkpointed block of an
 /// evaluation pass, which, missing its first blocks, kept too few to look run with grad, and its

@@ -276,6 +276,29 @@ pub struct Cleared {
     pub longest_period: usize,
 }
 
+/// A line that lets go of what it holds as it makes new tensors (a dict entry overwritten, a list
+/// slot rebound), while what it holds at the start of its occurrences keeps rising: a store that
+/// gains entries besides updating those it has (a dict gaining keys, a list appended to). Counted
+/// over the line's tensors made in the trace, alive at the start of each occurrence it allocated
+/// in (see `reference_leak::held_level`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct HeldLevel {
+    /// The line's tensors made in the trace and let go in it: overwritten, evicted, or its
+    /// temporaries.
+    pub let_go: u64,
+    /// Its tensors alive at the start of the first occurrence measured, and their bytes.
+    pub first_blocks: u64,
+    pub first_bytes: u64,
+    /// The same at the start of the last occurrence.
+    pub last_blocks: u64,
+    pub last_bytes: u64,
+    /// Occurrences measured, the later half of them, and of those the ones that began with more
+    /// of the line's bytes alive than any earlier occurrence.
+    pub occurrences: usize,
+    pub later: usize,
+    pub new_highs: usize,
+}
+
 /// The facts behind a suspect, per kind.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -356,6 +379,11 @@ pub enum Evidence {
         /// [`Cleared`]); absent otherwise.
         #[serde(skip_serializing_if = "Option::is_none")]
         cleared: Option<Cleared>,
+        /// When the line overwrites most of what it holds and the share of occurrences that keep
+        /// something to the end is too small to tell, yet what it holds rose at the start of its
+        /// occurrences through the trace (see [`HeldLevel`]); absent otherwise.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        level: Option<HeldLevel>,
         /// Other lines whose kept tensors were kept in exactly the same occurrences, each too
         /// few bytes to report alone: one record holding them all (a replay buffer's transition
         /// tuple), counted in this suspect's blocks and bytes. Empty otherwise.

@@ -32,8 +32,8 @@ pub use attribution::{alloc_phase, attr_label, attribute, categorize, gradient_s
 pub use cache::{allocator_cache, cache_at_dump, AllocatorCache, ReservedGrowth, SegmentMade};
 pub use detectors::{Context, Detector, Finding, REGISTRY};
 pub use evidence::{
-    rank, BeforeTrace, Cleared, Evidence, GradientHold, GraphHold, Holder, IterationsBy, LeakOrigin, Occurrence,
-    OomCause, Severity, Suspect, SuspectKind,
+    rank, BeforeTrace, Cleared, Evidence, GradientHold, GraphHold, HeldLevel, Holder, IterationsBy, LeakOrigin,
+    Occurrence, OomCause, Severity, Suspect, SuspectKind,
 };
 pub use graph::{frame_label, LiveBlock, MemoryGraph, Node, AUTOGRAD, NO_FRAMES, PRE_TRACE};
 pub use labels::{label_of, label_runs, label_spans, Annotations, LabelKind, LabelRun, LabelSpan, LabelTally};

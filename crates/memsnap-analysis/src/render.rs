@@ -190,6 +190,7 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
             operations,
             tensors,
             cleared,
+            level,
             kept_with,
         } => {
             let what = match origin {
@@ -259,6 +260,20 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
                     plural(c.clears as u64, "reset", "resets"),
                     plural(c.longest_period as u64, "iteration", "iterations")
                 ));
+                // A store that overwrites what it holds, and holds more at every start.
+                let rising = level.map_or(String::new(), |l| format!(
+                    " The line let go of {} of its tensors in the trace, each as a new one took its place (an entry overwritten, a slot rebound), so few {} kept any to the end; yet at the start of each {} it held more: {} ({}) at the first, {} ({}) at the last, more bytes than ever before at the start of {} of the last {}. A store that gains entries while it updates those it has (a dict gaining keys, a list appended to beside its slots), not a cache at its capacity, which holds as much from one {} to the next.",
+                    l.let_go,
+                    occurrence.plural_name(),
+                    occurrence.name(),
+                    plural(l.first_blocks, "tensor", "tensors"),
+                    format_bytes(l.first_bytes, 2),
+                    plural(l.last_blocks, "tensor", "tensors"),
+                    format_bytes(l.last_bytes, 2),
+                    l.new_highs,
+                    plural(l.later as u64, occurrence.name(), occurrence.plural_name()),
+                    occurrence.name()
+                ));
                 // Lines kept in the same occurrences, each too small alone: one record.
                 let with = if kept_with.is_empty() {
                     String::new()
@@ -270,7 +285,7 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
                     )
                 };
                 format!(
-                    "{} from {} of {} {} still allocated at the end: {what}{held}.{}{with}{resets}{earlier} {tail}.",
+                    "{} from {} of {} {} still allocated at the end: {what}{held}.{}{rising}{with}{resets}{earlier} {tail}.",
                     plural(*blocks, "block", "blocks"),
                     occurrences,
                     plural(*eligible as u64, occurrence.name(), occurrence.plural_name()),
@@ -582,6 +597,7 @@ mod tests {
                 operations: None,
                 tensors: None,
                 cleared: None,
+                level: None,
                 kept_with: Vec::new(),
             },
             evidence: String::new(),

@@ -29,7 +29,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::{state_only, Context, Detector, Finding};
 use crate::attribution::Attr;
-use crate::evidence::{BeforeTrace, Cleared, Evidence, LeakOrigin, Occurrence, Severity, SuspectKind};
+use crate::evidence::{BeforeTrace, Cleared, Evidence, HeldLevel, LeakOrigin, Occurrence, Severity, SuspectKind};
 use crate::lifecycle::{BlockFate, UnitFate};
 use crate::phases::IterationSource;
 
@@ -450,6 +450,14 @@ impl Detector for ReferenceLeak {
         let cleared: BTreeMap<Key, Cleared> =
             groups.iter().filter_map(|(key, g)| Some((*key, cleared_at_once(cx, key, g)?))).collect();
 
+        // Lines that overwrite what they hold, kept in too small a share of their occurrences to
+        // tell, yet holding more at the start of each (see `held_level`), each asked once.
+        let levels: BTreeMap<Key, (HeldLevel, Vec<usize>)> = groups
+            .iter()
+            .filter(|(key, g)| !cx.is_growth(g.kept.len(), g.eligible.len()) && !cleared.contains_key(key))
+            .filter_map(|(key, g)| Some((*key, held_level(cx, key, g, |k| occurrence_start(k, g.pass_occurrences))?)))
+            .collect();
+
         // A wrapped ring's trace may hold too few of a line's occurrences; the like blocks the
         // line kept alive from before the trace's first event are earlier ones
         // (`made_before_trace`): for outputs of passes, as many as they hold the blocks an
@@ -513,6 +521,7 @@ impl Detector for ReferenceLeak {
                 || remade.get(key).is_some_and(|r| cx.is_kept_generations(r, &g.eligible))
                 || orphaned.contains_key(key)
                 || grows_with_before_trace.contains(key)
+                || levels.contains_key(key)
         };
         // Unless the line stopped making what it keeps while the loop went on for as long again:
         // a fill that stopped (a cache keyed by the input once every key was met, a dataset
@@ -530,7 +539,9 @@ impl Detector for ReferenceLeak {
                 iterations_went_on_without_the_line(cx, &g.eligible, grows_with_before_trace.contains(key))
             };
             let built_into_model = matches!(key, Key::Line(_, Origin::Construction)) && built_into_the_model(cx, g);
-            let full = at_capacity(cx, g, |k| occurrence_start(k, g.pass_occurrences));
+            // A rising level was read over the whole trace: it is what `at_capacity` asks, read
+            // from every occurrence rather than from those that kept something.
+            let full = !levels.contains_key(key) && at_capacity(cx, g, |k| occurrence_start(k, g.pass_occurrences));
             let per_shape = loop_only && matches!(key, Key::Line(_, Origin::User)) && keyed_by_shape(cx, g);
             if stopped || built_into_model || full || per_shape {
                 stopped_filling.insert(*key);
@@ -667,8 +678,13 @@ impl Detector for ReferenceLeak {
             // measured from where the keeping that goes on to the end began: the first kept
             // occurrence after the longest pause between two (a block kept once at the start, then
             // nothing until a warm-up ended), else the first kept one.
+            let level = levels.get(&key);
             let boundaries: Vec<u32> = match resumed_after_longest_pause(&g.kept, &g.eligible) {
-                Some(first) if !call_keys.contains(&key) && !cx.is_growth(g.kept.len(), g.eligible.len()) => {
+                Some(first)
+                    if !call_keys.contains(&key)
+                        && !cx.is_growth(g.kept.len(), g.eligible.len())
+                        && level.is_none() =>
+                {
                     let from = occurrence_start(first, g.pass_occurrences);
                     boundaries.into_iter().filter(|&b| from.is_none_or(|f| b >= f)).collect()
                 }
@@ -689,7 +705,10 @@ impl Detector for ReferenceLeak {
                 }
                 _ => None,
             };
-            let mut confidence = cx.growth_confidence(g.kept.len(), g.eligible.len());
+            let mut confidence = match level {
+                Some((l, _)) => cx.growth_confidence(l.new_highs, l.later),
+                None => cx.growth_confidence(g.kept.len(), g.eligible.len()),
+            };
             if origin == LeakOrigin::Unattributed {
                 confidence = confidence.min(cx.thresholds.state_only_confidence);
             }
@@ -720,6 +739,7 @@ impl Detector for ReferenceLeak {
                     operations: None,
                     tensors: None,
                     cleared: cleared.get(&key).copied(),
+                    level: level.map(|(l, _)| *l),
                     kept_with: companions
                         .remove(&key)
                         .unwrap_or_default()
@@ -728,7 +748,9 @@ impl Detector for ReferenceLeak {
                         .map(|f| cx.site(f))
                         .collect(),
                 },
-                blocks: g.blocks,
+                // A rising level is measured over all the line's tensors made in the trace: the
+                // growth per occurrence is what it held more at each start.
+                blocks: level.map_or(g.blocks, |(_, held)| held.clone()),
             });
         }
         out
@@ -1099,7 +1121,8 @@ fn rises_with_every_build(times: &[u32], measure: impl Fn(u32, u32) -> Option<u3
 /// each pass and freed two passes later: e01) are alive in like numbers; the end of the trace is
 /// not such a point. `start(k)`: the first event of occurrence `k`. The limit: a leak that lets
 /// go most of what it keeps (a dict whose keys are mostly replaced, new ones added now and then)
-/// reads as full.
+/// reads as full over a short stretch of kept occurrences; such a line is read by what it holds
+/// at every occurrence's start instead ([`held_level`]) when it keeps too rarely to grow by share.
 fn at_capacity(cx: &Context, g: &Group, start: impl Fn(usize) -> Option<u32>) -> bool {
     let blocks = &cx.replay.blocks;
     let own = OwnLetGo::of(cx, g);
@@ -1152,6 +1175,119 @@ fn at_capacity(cx: &Context, g: &Group, start: impl Fn(usize) -> Option<u32>) ->
         let (kept_between, kept_bytes_between) = (kept_by_last - kept_by_t, kept_bytes_by_last - kept_bytes_by_t);
         let within = |rise: i64, kept: i64| rise as f64 <= CAPACITY_RISE_SHARE * kept as f64;
         kept_between > 0 && (within(count - n, kept_between) || within(bytes - b, kept_bytes_between))
+    })
+}
+
+/// What a line that overwrites what it holds held at the start of each occurrence it allocated
+/// in, when that kept rising through the trace: the level's facts and the line's tensors made in
+/// the trace (kept to the end and let go), sorted, which the finding measures. `None` when the
+/// level did not rise so, or where it cannot be read.
+///
+/// Mechanism: a store whose entries are written again and again (`protos[c] = 0.9 * protos[c] +
+/// 0.1 * m`, `state[sid] = update(state[sid], x)`, `bank[i] = ...`) drops each old value as its
+/// key or slot is written, a step or two after it was made, so most of the occurrences that made
+/// a tensor kept to the end are the last few, and the share of kept occurrences is too small to
+/// read as growth (at01's prototypes: 7 of 29 steps; at02's sessions: 3 of 30), while the line
+/// lets go long-lived tensors and so reads as a bounded cache. What tells them apart is what the
+/// line holds: counted at the start of each occurrence (where its temporaries are gone and each
+/// entry is alive once), a cache full to its capacity holds as much from one occurrence to the
+/// next, and a store that also gains entries (new keys every step, an `append` beside the
+/// updates) holds more and more, to the end. So the level must reach a new high, in bytes, at the
+/// start of at least `leak_occurrence_share` of the later half of the occurrences (a cache that
+/// filled within the first half reaches none there: at05's LRU of 20 entries full at its fifth
+/// step; a bounded store whose size wanders reaches few: at03's sessions, closed after five
+/// turns), and hold `min_leak_occurrences` more tensors at the last start than at the first.
+/// Asked over at least twice `min_leak_occurrences` occurrences, from the first that starts after
+/// the last tensor of the line's sizes made before the trace was let go: in a wrapped ring the
+/// line replaces entries it made before the trace, which have no stack, and until they are all
+/// gone its level counted from the trace alone would rise by the replacements (at04's bank, cut
+/// by its ring to 22 of 30 steps, from its fourth step on).
+fn held_level(
+    cx: &Context,
+    key: &Key,
+    g: &Group,
+    start: impl Fn(usize) -> Option<u32>,
+) -> Option<(HeldLevel, Vec<usize>)> {
+    let Key::Line(Some(_), origin) = *key else { return None };
+    let stores =
+        matches!(origin, Origin::Trained | Origin::NoGrad | Origin::GraphReleased | Origin::User | Origin::Worker);
+    if !stores || !g.evicted || g.blocks.is_empty() {
+        return None;
+    }
+    let min = cx.thresholds.min_leak_occurrences;
+    let blocks = &cx.replay.blocks;
+    let own = OwnLetGo::of(cx, g);
+    let sizes = size_range(cx, g.blocks.iter().chain(&own.blocks))?;
+    // Counted from the first start after the last tensor of the line's sizes made before the
+    // trace was let go: from there on, what the line holds is all made in the trace.
+    let last_from_before = blocks
+        .iter()
+        .filter(|b| b.alloc_event().is_none() && sizes.contains(&b.size))
+        .filter_map(|b| b.freed_at())
+        .max();
+    let starts: Vec<u32> =
+        g.eligible.iter().filter_map(|&k| start(k)).filter(|&s| last_from_before.is_none_or(|f| s > f)).collect();
+    if starts.len() < 2 * min {
+        return None;
+    }
+    let mut held: Vec<usize> = g.blocks.iter().chain(&own.blocks).copied().collect();
+    held.sort_unstable();
+    held.dedup();
+    // Each tensor's allocation and free, in event order: (event, bytes, count) changes.
+    let mut changes: Vec<(u32, i64, i64)> = Vec::with_capacity(2 * held.len());
+    for &bi in &held {
+        let b = &blocks[bi];
+        let size = b.size as i64;
+        changes.extend(b.alloc_event().map(|a| (a, size, 1)));
+        changes.extend(b.freed_at().map(|f| (f, -size, -1)));
+    }
+    changes.sort_unstable();
+    // The line's tensors alive at each start (made before it, not freed before it).
+    let mut levels: Vec<(i64, i64)> = Vec::with_capacity(starts.len());
+    let (mut bytes, mut count, mut next) = (0i64, 0i64, 0usize);
+    for &t in &starts {
+        while next < changes.len() && changes[next].0 < t {
+            bytes += changes[next].1;
+            count += changes[next].2;
+            next += 1;
+        }
+        levels.push((bytes, count));
+    }
+    let half = levels.len() / 2;
+    let mut highest = levels[..half].iter().map(|&(b, _)| b).max().unwrap_or(i64::MIN);
+    let mut new_highs = 0;
+    for &(b, _) in &levels[half..] {
+        if b > highest {
+            new_highs += 1;
+            highest = b;
+        }
+    }
+    let later = levels.len() - half;
+    let (first, last) = (levels[0], levels[levels.len() - 1]);
+    let rose = last.1 - first.1 >= min as i64 && last.0 > first.0;
+    // Entries let go: alive at the start of an occurrence, so not the statement's temporaries.
+    let let_go = own
+        .blocks
+        .iter()
+        .filter(|&&bi| {
+            let b = &blocks[bi];
+            let (Some(made), Some(freed)) = (b.alloc_event(), b.freed_at()) else { return false };
+            let k = starts.partition_point(|&s| s <= made);
+            starts.get(k).is_some_and(|&s| s <= freed)
+        })
+        .count() as u64;
+    (rose && new_highs as f64 >= cx.thresholds.leak_occurrence_share * later as f64).then(|| {
+        let level = HeldLevel {
+            let_go,
+            first_blocks: first.1 as u64,
+            first_bytes: first.0 as u64,
+            last_blocks: last.1 as u64,
+            last_bytes: last.0 as u64,
+            occurrences: levels.len(),
+            later,
+            new_highs,
+        };
+        (level, held)
     })
 }
 
@@ -1764,6 +1900,7 @@ fn regrown(cx: &Context, reported: &BTreeSet<Option<FrameId>>) -> Vec<Finding> {
                 operations: None,
                 tensors: Some(grown.tensors.len()),
                 cleared: None,
+                level: None,
                 kept_with: Vec::new(),
             },
             blocks: chain,
@@ -2042,6 +2179,7 @@ fn state_only_finding(cx: &Context, origin: LeakOrigin, g: &state_only::Group) -
             operations: g.operations_without_twins,
             tensors: None,
             cleared: None,
+            level: None,
             kept_with: Vec::new(),
         },
         blocks: g.blocks.clone(),
