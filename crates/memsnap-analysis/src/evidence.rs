@@ -283,8 +283,8 @@ pub struct Cleared {
 /// in (see `reference_leak::held_level`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct HeldLevel {
-    /// The line's tensors made in the trace and let go in it: overwritten, evicted, or its
-    /// temporaries.
+    /// The line's tensors made in the trace, alive at the start of an occurrence measured, and
+    /// let go after it (entries overwritten or evicted; not the statement's temporaries).
     pub let_go: u64,
     /// Its tensors alive at the start of the first occurrence measured, and their bytes.
     pub first_blocks: u64,

@@ -452,10 +452,20 @@ impl Detector for ReferenceLeak {
 
         // Lines that overwrite what they hold, kept in too small a share of their occurrences to
         // tell, yet holding more at the start of each (see `held_level`), each asked once.
-        let levels: BTreeMap<Key, (HeldLevel, Vec<usize>)> = groups
+        let asked: Vec<(&Key, &Group)> = groups
             .iter()
-            .filter(|(key, g)| !cx.is_growth(g.kept.len(), g.eligible.len()) && !cleared.contains_key(key))
-            .filter_map(|(key, g)| Some((*key, held_level(cx, key, g, |k| occurrence_start(k, g.pass_occurrences))?)))
+            .filter(|(key, g)| {
+                may_hold_a_rising_level(cx, key, g)
+                    && !cx.is_growth(g.kept.len(), g.eligible.len())
+                    && !cleared.contains_key(key)
+            })
+            .collect();
+        let let_go = LetGoIndex::of(cx, asked.iter().map(|(_, g)| *g));
+        let levels: BTreeMap<Key, (HeldLevel, Vec<usize>)> = asked
+            .into_iter()
+            .filter_map(|(key, g)| {
+                Some((*key, held_level(cx, g, &let_go, |k| occurrence_start(k, g.pass_occurrences))?))
+            })
             .collect();
 
         // A wrapped ring's trace may hold too few of a line's occurrences; the like blocks the
@@ -1204,27 +1214,17 @@ fn at_capacity(cx: &Context, g: &Group, start: impl Fn(usize) -> Option<u32>) ->
 /// by its ring to 22 of 30 steps, from its fourth step on).
 fn held_level(
     cx: &Context,
-    key: &Key,
     g: &Group,
+    index: &LetGoIndex,
     start: impl Fn(usize) -> Option<u32>,
 ) -> Option<(HeldLevel, Vec<usize>)> {
-    let Key::Line(Some(_), origin) = *key else { return None };
-    let stores =
-        matches!(origin, Origin::Trained | Origin::NoGrad | Origin::GraphReleased | Origin::User | Origin::Worker);
-    if !stores || !g.evicted || g.blocks.is_empty() {
-        return None;
-    }
     let min = cx.thresholds.min_leak_occurrences;
     let blocks = &cx.replay.blocks;
-    let own = OwnLetGo::of(cx, g);
+    let own = index.own(cx, g);
     let sizes = size_range(cx, g.blocks.iter().chain(&own.blocks))?;
     // Counted from the first start after the last tensor of the line's sizes made before the
     // trace was let go: from there on, what the line holds is all made in the trace.
-    let last_from_before = blocks
-        .iter()
-        .filter(|b| b.alloc_event().is_none() && sizes.contains(&b.size))
-        .filter_map(|b| b.freed_at())
-        .max();
+    let last_from_before = index.last_let_go_from_before(&sizes);
     let starts: Vec<u32> =
         g.eligible.iter().filter_map(|&k| start(k)).filter(|&s| last_from_before.is_none_or(|f| s > f)).collect();
     if starts.len() < 2 * min {
@@ -1289,6 +1289,71 @@ fn held_level(
         };
         (level, held)
     })
+}
+
+/// Whether group `g` is one [`held_level`] reads: a line's tensors of forward passes or of user
+/// code (the stores a reference keeps), some kept to the end and some let go late (so it reads
+/// as a bounded cache), over at least twice `min_leak_occurrences` occurrences.
+fn may_hold_a_rising_level(cx: &Context, key: &Key, g: &Group) -> bool {
+    let stores = matches!(
+        key,
+        Key::Line(Some(_), Origin::Trained | Origin::NoGrad | Origin::GraphReleased | Origin::User | Origin::Worker)
+    );
+    stores && g.evicted && !g.blocks.is_empty() && g.eligible.len() >= 2 * cx.thresholds.min_leak_occurrences
+}
+
+/// The blocks made in the trace and let go in it, by the stack that made them, for the stacks
+/// of the groups [`held_level`] reads; and the blocks made before the trace and let go in it, by
+/// size. Built in one pass over the blocks for all those groups: a file may hold thousands of
+/// lines that let something go late, and a pass per line would cost as many passes over
+/// millions of blocks.
+struct LetGoIndex {
+    by_stack: FxHashMap<StackId, Vec<usize>>,
+    /// (size, event that let it go), sorted.
+    from_before: Vec<(u64, u32)>,
+}
+
+impl LetGoIndex {
+    fn of<'g>(cx: &Context, groups: impl Iterator<Item = &'g Group>) -> LetGoIndex {
+        let blocks = &cx.replay.blocks;
+        let mut by_stack: FxHashMap<StackId, Vec<usize>> = FxHashMap::default();
+        for g in groups {
+            for &bi in g.blocks.iter().chain(&g.evicted_blocks) {
+                by_stack.entry(cx.event_stack(&blocks[bi])).or_default();
+            }
+        }
+        let mut from_before = Vec::new();
+        if !by_stack.is_empty() {
+            for (bi, b) in blocks.iter().enumerate() {
+                let Some(freed) = b.freed_at() else { continue };
+                if b.alloc_event().is_none() {
+                    from_before.push((b.size, freed));
+                } else if let Some(own) = by_stack.get_mut(&cx.event_stack(b)) {
+                    own.push(bi);
+                }
+            }
+        }
+        from_before.sort_unstable();
+        LetGoIndex { by_stack, from_before }
+    }
+
+    /// [`OwnLetGo::of`] `g`, for a group the index was built for.
+    fn own(&self, cx: &Context, g: &Group) -> OwnLetGo {
+        let blocks = &cx.replay.blocks;
+        let stacks: FxHashSet<StackId> =
+            g.blocks.iter().chain(&g.evicted_blocks).map(|&bi| cx.event_stack(&blocks[bi])).collect();
+        // A block has one stack: the stacks' lists are disjoint, each ascending.
+        let mut own: Vec<usize> = stacks.iter().filter_map(|s| self.by_stack.get(s)).flatten().copied().collect();
+        own.sort_unstable();
+        OwnLetGo { stacks, blocks: own }
+    }
+
+    /// The last event that let go a block made before the trace with a size in `sizes`.
+    fn last_let_go_from_before(&self, sizes: &std::ops::RangeInclusive<u64>) -> Option<u32> {
+        let lo = self.from_before.partition_point(|&(size, _)| size < *sizes.start());
+        let hi = self.from_before.partition_point(|&(size, _)| size <= *sizes.end());
+        self.from_before[lo..hi].iter().map(|&(_, freed)| freed).max()
+    }
 }
 
 /// What group `g`'s own statements made in the trace and let go in it: every block allocated at
