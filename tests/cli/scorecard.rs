@@ -402,6 +402,32 @@ fn a_store_overwriting_its_entries_while_gaining_entries_is_a_leak() {
     }
 }
 
+/// A line that grows by its share of kept occurrences is not full while what it holds at every
+/// occurrence's start still reaches new highs: at01 cut to its last half keeps something to the
+/// end in 7 of its 12 steps, and `at_capacity`, counting the dict's overwritten entries as its
+/// own let-go tensors, read it as a cache at its capacity over the last kept steps (no suspect);
+/// its level rises at every start, so the leak at line 64 is named.
+#[test]
+fn a_store_gaining_entries_is_not_full_in_a_ring_window() {
+    if common::without_python3("a_store_gaining_entries_is_not_full_in_a_ring_window: no python3") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let a = analyze_rewritten(
+        dir.path(),
+        "last50",
+        "extra49/at01_class_incremental_prototype_dict_two_new_classes_every_step_never_saturates_leak.pickle.xz",
+    );
+    let lines: Vec<u64> = a["suspects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["kind"] == "reference_leak" && s["severity"] == "leak")
+        .filter_map(|s| s["site"]["line"].as_u64())
+        .collect();
+    assert_eq!(lines, vec![64], "at01 cut to its last half");
+}
+
 /// A ring that begins inside a forward pass shows that pass in part (`lifecycle::begun_before_trace`):
 /// g01's `stacks="all"` recording cut to its last half opens in a checkpointed block of an
 /// evaluation pass, which, missing its first blocks, kept too few to look run with grad, and its

@@ -452,17 +452,17 @@ impl Detector for ReferenceLeak {
 
         // Lines that overwrite what they hold, kept in too small a share of their occurrences to
         // tell, yet holding more at the start of each (see `held_level`), each asked once.
-        let asked: Vec<(&Key, &Group)> = groups
+        // (Also asked, below, of lines that grow by their share of kept occurrences and read as
+        // full: indexed with the others.)
+        let let_go =
+            LetGoIndex::of(cx, groups.iter().filter(|(key, g)| may_hold_a_rising_level(cx, key, g)).map(|(_, g)| g));
+        let levels: BTreeMap<Key, (HeldLevel, Vec<usize>)> = groups
             .iter()
             .filter(|(key, g)| {
                 may_hold_a_rising_level(cx, key, g)
                     && !cx.is_growth(g.kept.len(), g.eligible.len())
                     && !cleared.contains_key(key)
             })
-            .collect();
-        let let_go = LetGoIndex::of(cx, asked.iter().map(|(_, g)| *g));
-        let levels: BTreeMap<Key, (HeldLevel, Vec<usize>)> = asked
-            .into_iter()
             .filter_map(|(key, g)| {
                 Some((*key, held_level(cx, g, &let_go, |k| occurrence_start(k, g.pass_occurrences))?))
             })
@@ -550,8 +550,14 @@ impl Detector for ReferenceLeak {
             };
             let built_into_model = matches!(key, Key::Line(_, Origin::Construction)) && built_into_the_model(cx, g);
             // A rising level was read over the whole trace: it is what `at_capacity` asks, read
-            // from every occurrence rather than from those that kept something.
-            let full = !levels.contains_key(key) && at_capacity(cx, g, |k| occurrence_start(k, g.pass_occurrences));
+            // from every occurrence rather than from those that kept something. So a line read
+            // as full over a stretch of its kept occurrences is not, where what it holds at every
+            // start still reached new highs to the end (a store counting its own short-lived
+            // entries as let go while it also gains entries).
+            let start = |k| occurrence_start(k, g.pass_occurrences);
+            let full = !levels.contains_key(key)
+                && at_capacity(cx, g, start)
+                && !(may_hold_a_rising_level(cx, key, g) && held_level(cx, g, &let_go, start).is_some());
             let per_shape = loop_only && matches!(key, Key::Line(_, Origin::User)) && keyed_by_shape(cx, g);
             if stopped || built_into_model || full || per_shape {
                 stopped_filling.insert(*key);
