@@ -1150,13 +1150,14 @@ fn at_capacity(cx: &Context, g: &Group, start: impl Fn(usize) -> Option<u32>) ->
     }
     // The events of the long-lived blocks made, let go and kept to the end, in order, with the
     // running total of their bytes: the count and bytes before any event in a binary search (a
-    // group may hold millions of blocks and be asked at each of its kept occurrences).
-    let events = |mut v: Vec<(u32, u64)>| -> Vec<(u32, i64)> {
+    // group may hold millions of blocks and be asked at each of its kept occurrences). In `i128`:
+    // millions of sizes of up to 2^48 bytes each may be summed.
+    let events = |mut v: Vec<(u32, u64)>| -> Vec<(u32, i128)> {
         v.sort_unstable();
-        let mut total = 0i64;
+        let mut total = 0i128;
         v.into_iter()
             .map(|(e, size)| {
-                total += size as i64;
+                total += i128::from(size);
                 (e, total)
             })
             .collect()
@@ -1172,9 +1173,9 @@ fn at_capacity(cx: &Context, g: &Group, start: impl Fn(usize) -> Option<u32>) ->
             .concat(),
     );
     // Number and bytes of `v`'s entries before event `t`.
-    let before = |v: &[(u32, i64)], t: u32| {
+    let before = |v: &[(u32, i128)], t: u32| {
         let n = v.partition_point(|&(e, _)| e < t);
-        (n as i64, n.checked_sub(1).map_or(0, |i| v[i].1))
+        (n as i128, n.checked_sub(1).map_or(0, |i| v[i].1))
     };
     // What the line made minus what it let go (its own or others' it replaced), before `t`.
     let net_at = |t: u32| {
@@ -1189,7 +1190,7 @@ fn at_capacity(cx: &Context, g: &Group, start: impl Fn(usize) -> Option<u32>) ->
         let (n, b) = net_at(t);
         let (kept_by_t, kept_bytes_by_t) = before(&kept, t);
         let (kept_between, kept_bytes_between) = (kept_by_last - kept_by_t, kept_bytes_by_last - kept_bytes_by_t);
-        let within = |rise: i64, kept: i64| rise as f64 <= CAPACITY_RISE_SHARE * kept as f64;
+        let within = |rise: i128, kept: i128| rise as f64 <= CAPACITY_RISE_SHARE * kept as f64;
         kept_between > 0 && (within(count - n, kept_between) || within(bytes - b, kept_bytes_between))
     })
 }
@@ -1239,18 +1240,19 @@ fn held_level(
     let mut held: Vec<usize> = g.blocks.iter().chain(&own.blocks).copied().collect();
     held.sort_unstable();
     held.dedup();
-    // Each tensor's allocation and free, in event order: (event, bytes, count) changes.
-    let mut changes: Vec<(u32, i64, i64)> = Vec::with_capacity(2 * held.len());
+    // Each tensor's allocation and free, in event order: (event, bytes, count) changes. Bytes
+    // in `i128`: a file's sizes may reach 2^64 each, and millions of them are summed.
+    let mut changes: Vec<(u32, i128, i64)> = Vec::with_capacity(2 * held.len());
     for &bi in &held {
         let b = &blocks[bi];
-        let size = b.size as i64;
+        let size = i128::from(b.size);
         changes.extend(b.alloc_event().map(|a| (a, size, 1)));
         changes.extend(b.freed_at().map(|f| (f, -size, -1)));
     }
     changes.sort_unstable();
     // The line's tensors alive at each start (made before it, not freed before it).
-    let mut levels: Vec<(i64, i64)> = Vec::with_capacity(starts.len());
-    let (mut bytes, mut count, mut next) = (0i64, 0i64, 0usize);
+    let mut levels: Vec<(i128, i64)> = Vec::with_capacity(starts.len());
+    let (mut bytes, mut count, mut next) = (0i128, 0i64, 0usize);
     for &t in &starts {
         while next < changes.len() && changes[next].0 < t {
             bytes += changes[next].1;
@@ -1260,7 +1262,7 @@ fn held_level(
         levels.push((bytes, count));
     }
     let half = levels.len() / 2;
-    let mut highest = levels[..half].iter().map(|&(b, _)| b).max().unwrap_or(i64::MIN);
+    let mut highest = levels[..half].iter().map(|&(b, _)| b).max().unwrap_or(i128::MIN);
     let mut new_highs = 0;
     for &(b, _) in &levels[half..] {
         if b > highest {
@@ -1283,12 +1285,14 @@ fn held_level(
         })
         .count() as u64;
     (rose && new_highs as f64 >= cx.thresholds.leak_occurrence_share * later as f64).then(|| {
+        // Levels are counts and sums of live tensors: never below zero.
+        let to_u64 = |b: i128| u64::try_from(b).unwrap_or(u64::MAX);
         let level = HeldLevel {
             let_go,
-            first_blocks: first.1 as u64,
-            first_bytes: first.0 as u64,
-            last_blocks: last.1 as u64,
-            last_bytes: last.0 as u64,
+            first_blocks: first.1.max(0) as u64,
+            first_bytes: to_u64(first.0),
+            last_blocks: last.1.max(0) as u64,
+            last_bytes: to_u64(last.0),
             occurrences: levels.len(),
             later,
             new_highs,
