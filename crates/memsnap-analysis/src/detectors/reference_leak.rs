@@ -1218,7 +1218,7 @@ fn at_capacity(cx: &Context, g: &Group, start: impl Fn(usize) -> Option<u32>) ->
 /// the last tensor of the line's sizes made before the trace was let go: in a wrapped ring the
 /// line replaces entries it made before the trace, which have no stack, and until they are all
 /// gone its level counted from the trace alone would rise by the replacements (at04's bank, cut
-/// by its ring to 22 of 30 steps, from its fourth step on).
+/// by its ring to 22 of 30 steps, is counted from the second of them on).
 fn held_level(
     cx: &Context,
     g: &Group,
@@ -1241,7 +1241,7 @@ fn held_level(
     held.sort_unstable();
     held.dedup();
     // Each tensor's allocation and free, in event order: (event, bytes, count) changes. Bytes
-    // in `i128`: a file's sizes may reach 2^64 each, and millions of them are summed.
+    // in `i128`: sizes of up to 2^48 bytes each (`MAX_SIZE`), millions of them summed.
     let mut changes: Vec<(u32, i128, i64)> = Vec::with_capacity(2 * held.len());
     for &bi in &held {
         let b = &blocks[bi];
