@@ -1273,18 +1273,18 @@ fn held_level(
     let later = levels.len() - half;
     let (first, last) = (levels[0], levels[levels.len() - 1]);
     let rose = last.1 - first.1 >= min as i64 && last.0 > first.0;
-    // Entries let go: alive at the start of an occurrence, so not the statement's temporaries.
-    let let_go = own
-        .blocks
-        .iter()
-        .filter(|&&bi| {
-            let b = &blocks[bi];
-            let (Some(made), Some(freed)) = (b.alloc_event(), b.freed_at()) else { return false };
-            let k = starts.partition_point(|&s| s <= made);
-            starts.get(k).is_some_and(|&s| s <= freed)
-        })
-        .count() as u64;
     (rose && new_highs as f64 >= cx.thresholds.leak_occurrence_share * later as f64).then(|| {
+        // Entries let go: alive at the start of an occurrence, so not the statement's temporaries.
+        let let_go = own
+            .blocks
+            .iter()
+            .filter(|&&bi| {
+                let b = &blocks[bi];
+                let (Some(made), Some(freed)) = (b.alloc_event(), b.freed_at()) else { return false };
+                let k = starts.partition_point(|&s| s <= made);
+                starts.get(k).is_some_and(|&s| s <= freed)
+            })
+            .count() as u64;
         // Levels are counts and sums of live tensors: never below zero.
         let to_u64 = |b: i128| u64::try_from(b).unwrap_or(u64::MAX);
         let level = HeldLevel {
@@ -1326,12 +1326,8 @@ struct LetGoIndex {
 impl LetGoIndex {
     fn of<'g>(cx: &Context, groups: impl Iterator<Item = &'g Group>) -> LetGoIndex {
         let blocks = &cx.replay.blocks;
-        let mut by_stack: FxHashMap<StackId, Vec<usize>> = FxHashMap::default();
-        for g in groups {
-            for &bi in g.blocks.iter().chain(&g.evicted_blocks) {
-                by_stack.entry(cx.event_stack(&blocks[bi])).or_default();
-            }
-        }
+        let mut by_stack: FxHashMap<StackId, Vec<usize>> =
+            groups.flat_map(|g| OwnLetGo::stacks(cx, g)).map(|s| (s, Vec::new())).collect();
         let mut from_before = Vec::new();
         if !by_stack.is_empty() {
             for (bi, b) in blocks.iter().enumerate() {
@@ -1349,9 +1345,7 @@ impl LetGoIndex {
 
     /// [`OwnLetGo::of`] `g`, for a group the index was built for.
     fn own(&self, cx: &Context, g: &Group) -> OwnLetGo {
-        let blocks = &cx.replay.blocks;
-        let stacks: FxHashSet<StackId> =
-            g.blocks.iter().chain(&g.evicted_blocks).map(|&bi| cx.event_stack(&blocks[bi])).collect();
+        let stacks = OwnLetGo::stacks(cx, g);
         // A block has one stack: the stacks' lists are disjoint, each ascending.
         let mut own: Vec<usize> = stacks.iter().filter_map(|s| self.by_stack.get(s)).flatten().copied().collect();
         own.sort_unstable();
@@ -1384,8 +1378,7 @@ struct OwnLetGo {
 impl OwnLetGo {
     fn of(cx: &Context, g: &Group) -> OwnLetGo {
         let blocks = &cx.replay.blocks;
-        let stacks: FxHashSet<StackId> =
-            g.blocks.iter().chain(&g.evicted_blocks).map(|&bi| cx.event_stack(&blocks[bi])).collect();
+        let stacks = OwnLetGo::stacks(cx, g);
         let own = (0..blocks.len())
             .filter(|&bi| {
                 let b = &blocks[bi];
@@ -1393,6 +1386,11 @@ impl OwnLetGo {
             })
             .collect();
         OwnLetGo { stacks, blocks: own }
+    }
+
+    /// The stacks of group `g`'s blocks, kept or evicted: its own statements.
+    fn stacks(cx: &Context, g: &Group) -> FxHashSet<StackId> {
+        g.blocks.iter().chain(&g.evicted_blocks).map(|&bi| cx.event_stack(&cx.replay.blocks[bi])).collect()
     }
 }
 
