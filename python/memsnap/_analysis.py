@@ -33,7 +33,9 @@ class Suspect:
     #: ``oom``, ``retained_graph``, ``no_grad_missing``, ``unreleased_gradient``,
     #: ``reference_leak`` or ``fragmentation``.
     kind: str
-    #: ``leak`` (grows without bound), ``peak`` (inflates the peak) or ``waste`` (bounded).
+    #: ``leak`` (grows without bound), ``held`` (held at the dump, many times over from one
+    #: line, in a file without a trace: whether it grows is not known), ``peak`` (inflates the
+    #: peak) or ``waste`` (bounded).
     severity: str
     confidence: float
     device: int

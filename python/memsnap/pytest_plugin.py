@@ -71,7 +71,7 @@ FAIL_ON_KINDS: tuple[str, ...] = (
     "reference_leak",
     "fragmentation",
 )
-FAIL_ON_SEVERITIES: tuple[str, ...] = ("leak", "peak", "waste")
+FAIL_ON_SEVERITIES: tuple[str, ...] = ("leak", "held", "peak", "waste")
 FAIL_ON_NAMES: tuple[str, ...] = FAIL_ON_KINDS + FAIL_ON_SEVERITIES + ("leaks", "all")
 
 _MARKER_KEYS = ("max_peak", "max_reserved", "fail_on", "max_entries", "stacks", "context")

@@ -66,7 +66,7 @@ fn parse_fail_on(names: &[String]) -> anyhow::Result<FailOn> {
                 (None, None) => {
                     let valid: Vec<&str> = KINDS.iter().map(|k| k.name()).collect();
                     anyhow::bail!(
-                        "--fail-on: unknown suspect kind or severity {name:?}; valid kinds: {}; severities: leak, peak, waste; or leaks (= leak), all",
+                        "--fail-on: unknown suspect kind or severity {name:?}; valid kinds: {}; severities: leak, held, peak, waste; or leaks (= leak), all",
                         valid.join(", ")
                     );
                 }

@@ -7,7 +7,8 @@
 //!   contains (a line that allocates nothing, such as `losses.append(loss)` or a hook's body)
 //!   cannot be named by attributing memory; then the kind alone must be named, and the card says
 //!   so;
-//! - where the truth says the expected severity, the suspect has it;
+//! - where the truth says the expected severity, the suspect has it (`held` stands for `leak` in a
+//!   file whose trace records no allocation: the dump alone cannot say that anything grows);
 //! - no other leak-kind suspect of 1 MiB or more with severity `leak` or `peak` of a kind that was
 //!   not planted (a `waste` suspect is advice, e.g. gradients resident through a no_grad
 //!   evaluation because `zero_grad` runs at the start of the step: true of many clean programs);
@@ -136,7 +137,7 @@ fn false_alarms(planted: &BTreeMap<String, BTreeSet<u32>>, suspects: &[Value]) -
         let what = format!("{kind} [{severity}] {bytes} bytes at line {}", s["site"]["line"]);
         if planted.is_empty() && severity == "leak" {
             out.push(Alarm::OnClean(what));
-        } else if leak_kind && !planted.contains_key(kind) && severity != "waste" && bytes >= MIB {
+        } else if leak_kind && !planted.contains_key(kind) && matches!(severity, "leak" | "peak") && bytes >= MIB {
             out.push(Alarm::WrongKind(what));
         }
     }
@@ -220,7 +221,10 @@ fn scorecard_over_real_fixtures() {
                 }
             };
             if let (Some(s), Some(sev)) = (found, expected_severity.get(kind)) {
-                if s["severity"] != sev.as_str() {
+                // A leak read from a file whose trace records no allocation is `held`: the dump
+                // says what is alive, not that it grows (`Severity::Held`), and only then.
+                let held_for_leak = sev == "leak" && s["severity"] == "held" && s["facts"]["origin"] == "state_only";
+                if s["severity"] != sev.as_str() && !held_for_leak {
                     card.failures.push(format!("{name}: {kind} has severity {} , expected {sev}", s["severity"]));
                 }
             }
@@ -614,6 +618,11 @@ fn scorecard_without_event_stacks() {
         // the range of the steps' activations too, so the blocks of those sizes settle into
         // none of the bounded shapes `state_only::WorkingSet` knows (s54's LRU, above, alike).
         ("aq18_causal_mask_lru_cache_maxsize8_twenty_lengths_clean", S, "clean"),
+        // A forward hook on every convolution and norm of a ResNet, never removed, keeping each
+        // output's spatial mean with grad on (au02): one small tensor per module and pass, made
+        // by as many different operations as kept graphs' saved tensors, with the norms' outputs
+        // beside them. The whole trace names the hook's line; from the dump they read as graphs.
+        ("au02_vicreg_cka_drift_probe_forward_hooks_never_removed_leak", S, "retained_graph"),
     ];
     // Cut to its last half as well (a ring that wrapped): the same misreadings; x02's evaluation
     // without `no_grad` of a CNN whose batch norms run in eval mode (no twins), which the whole
@@ -640,21 +649,29 @@ fn program(stem: &str) -> &str {
     stem.trim_end_matches(".stacks_all")
 }
 
+/// What reading every fixture rewritten as each of `settings` would have recorded it gave.
+struct SettingsReading {
+    /// One line per false alarm, then one per setting with its planted kinds named.
+    rows: Vec<String>,
+    /// The false alarms: `(program, setting, kind or "clean")`.
+    alarms: BTreeSet<(String, String, String)>,
+    /// Per setting, planted kinds named and planted kinds.
+    named: Vec<(usize, usize)>,
+}
+
 /// Rewrite every fixture as each of `settings` would have recorded it
-/// (`fixtures/gen/recording_settings.py`), analyze it, print planted kinds named per setting and
-/// every false alarm, and fail when the false alarms, `(fixture, setting, kind or "clean")`, are
-/// not exactly `known`.
-fn alarms_under_settings(test: &str, settings: &[&str], known: &[(&str, &str, &str)]) {
+/// (`fixtures/gen/recording_settings.py`), analyze it, and print planted kinds named per setting
+/// and every false alarm. `None` without python3 (the test says it is skipped).
+fn read_under_settings(test: &str, settings: &[&str]) -> Option<SettingsReading> {
     let fixtures = fixtures();
     assert!(fixtures.len() >= 67, "expected the bundled fixtures, found {}", fixtures.len());
     // The rewrite is made by Python's own pickle module: the files must be pickles as Python
     // writes them, and no Rust crate here writes what it reads.
     if common::without_python3(&format!("{test}: no python3 to rewrite the fixtures")) {
-        return;
+        return None;
     }
     let dir = tempfile::tempdir().unwrap();
-    let mut seen: BTreeSet<(String, String, String)> = BTreeSet::new();
-    let mut rows = Vec::new();
+    let mut out = SettingsReading { rows: Vec::new(), alarms: BTreeSet::new(), named: Vec::new() };
     for &setting in settings {
         let (mut planted_n, mut found_n) = (0, 0);
         let status = std::process::Command::new("python3")
@@ -679,22 +696,33 @@ fn alarms_under_settings(test: &str, settings: &[&str], known: &[(&str, &str, &s
                     Alarm::OnClean(what) => ("clean".to_string(), what),
                     Alarm::WrongKind(what) => (what.split(' ').next().unwrap().to_string(), what),
                 };
-                rows.push(format!("{stem} ({setting}): {label}: {what}"));
-                seen.insert((program(&stem).to_string(), setting.to_string(), label));
+                out.rows.push(format!("{stem} ({setting}): {label}: {what}"));
+                out.alarms.insert((program(&stem).to_string(), setting.to_string(), label));
             }
             std::fs::remove_file(&rewritten).unwrap();
         }
-        rows.push(format!("{setting}: planted kinds named {found_n}/{planted_n}"));
+        out.rows.push(format!("{setting}: planted kinds named {found_n}/{planted_n}"));
+        out.named.push((found_n, planted_n));
     }
     println!("{test} ({} fixtures)", fixtures.len());
-    for r in &rows {
+    for r in &out.rows {
         println!("  {r}");
     }
+    Some(out)
+}
+
+/// [`read_under_settings`], failing when the false alarms are not exactly `known`.
+fn alarms_under_settings(test: &str, settings: &[&str], known: &[(&str, &str, &str)]) {
+    let Some(read) = read_under_settings(test, settings) else { return };
     let known: BTreeSet<(String, String, String)> =
         known.iter().map(|(s, p, k)| (s.to_string(), p.to_string(), k.to_string())).collect();
-    let new: Vec<_> = seen.difference(&known).collect();
-    let gone: Vec<_> = known.difference(&seen).collect();
-    assert!(new.is_empty() && gone.is_empty(), "false alarms changed: new {new:?}, gone {gone:?}\n{}", rows.join("\n"));
+    let new: Vec<_> = read.alarms.difference(&known).collect();
+    let gone: Vec<_> = known.difference(&read.alarms).collect();
+    assert!(
+        new.is_empty() && gone.is_empty(),
+        "false alarms changed: new {new:?}, gone {gone:?}\n{}",
+        read.rows.join("\n")
+    );
 }
 
 /// The same, for every fixture recorded as `_record_memory_history(context="alloc")` would have
@@ -738,4 +766,24 @@ fn scorecard_with_allocation_stacks_on_frees() {
 #[test]
 fn scorecard_without_free_requests() {
     alarms_under_settings("scorecard_without_free_requests", &["skip-free-requested"], &[]);
+}
+
+/// Every fixture recorded with `_record_memory_history(enabled="state")` (or recording stopped
+/// before the dump): the trace records no allocation, so only the dump speaks, each live block
+/// with the stack that made it and nothing of when. Many blocks from one line are then what a
+/// full bounded store (an LRU, a replay buffer, a dataset cached on the GPU) holds as much as a
+/// leak, so such a group reads as `held`, not `leak` (`Severity::Held`): 42 of the 353 clean
+/// programs read as leaks while it was `leak`. What the dump alone does show stays a `leak`:
+/// several passes' saved tensors alive at once (`retained_graph`), gradients of earlier
+/// backwards kept (`unreleased_gradient`). No clean program may read as leaking, and the planted
+/// kinds named may not fall below the count of 2026-12-07 (247 of 425 kinds; the rest are mostly
+/// kept graphs read as held tensors, a wrong kind the card lists, and waste no dump can show).
+#[test]
+fn scorecard_without_a_trace() {
+    const NAMED_AT_LEAST: usize = 247;
+    let Some(read) = read_under_settings("scorecard_without_a_trace", &["no-trace"]) else { return };
+    let on_clean: Vec<_> = read.alarms.iter().filter(|(_, _, label)| label == "clean").collect();
+    assert!(on_clean.is_empty(), "clean programs read as leaking without a trace: {on_clean:?}");
+    let (named, planted) = read.named[0];
+    assert!(named >= NAMED_AT_LEAST, "planted kinds named without a trace fell to {named}/{planted}");
 }

@@ -62,6 +62,12 @@ impl SuspectKind {
 pub enum Severity {
     /// Grows every iteration and is still held at the end: without bound.
     Leak,
+    /// Held at the dump, many times over from one line, in a file whose trace records no
+    /// allocation (`enabled="state"`, or recording stopped before the dump): the blocks say what
+    /// is alive, not when it was made, so a store at its capacity (an LRU, a replay buffer, a
+    /// cached dataset) and one that grows without bound look the same. What is held is a fact;
+    /// whether it grows is not known (record with `enabled="all"` to tell).
+    Held,
     /// Inflates the peak and is released later (or is an event that failed: an OOM).
     Peak,
     /// Held but bounded: memory a phase never uses.
@@ -69,11 +75,12 @@ pub enum Severity {
 }
 
 impl Severity {
-    pub const ALL: [Severity; 3] = [Severity::Leak, Severity::Peak, Severity::Waste];
+    pub const ALL: [Severity; 4] = [Severity::Leak, Severity::Held, Severity::Peak, Severity::Waste];
 
     pub fn name(self) -> &'static str {
         match self {
             Severity::Leak => "leak",
+            Severity::Held => "held",
             Severity::Peak => "peak",
             Severity::Waste => "waste",
         }

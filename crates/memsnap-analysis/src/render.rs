@@ -25,6 +25,10 @@ fn numbers(s: &Suspect, peak: u64) -> String {
                 parts.push(format!("growing by {} per {} (median)", format_bytes(g, 2), s.growth_unit.name()));
             }
         }
+        Severity::Held => parts.push(format!(
+            "{} held at the dump; whether it grows is not known (the file records no allocation: record with `enabled=\"all\"` to tell)",
+            format_bytes(s.bytes, 2)
+        )),
         Severity::Peak => parts.push(format!("up to {} held at once, released later", format_bytes(s.bytes, 2))),
         Severity::Waste => parts.push(format!("{} held, bounded", format_bytes(s.bytes, 2))),
     }

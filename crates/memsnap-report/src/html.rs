@@ -214,6 +214,8 @@ fn suspect(s: &mut String, sp: &SuspectView, multi: bool) {
         nums.push(format!("<b>{}</b> at stake", fmt_bytes(sp.bytes)));
     } else if sp.is_leak {
         nums.push(format!("<b>{}</b> still allocated at the end of the trace", fmt_bytes(sp.bytes)));
+    } else if sp.severity == "held" {
+        nums.push(format!("<b>{}</b> held at the dump, growth not known (no trace)", fmt_bytes(sp.bytes)));
     } else if sp.severity == "peak" {
         nums.push(format!("<b>{}</b> held at once, released later", fmt_bytes(sp.bytes)));
     } else {

@@ -341,6 +341,8 @@ fn suspect(d: &mut Doc, sp: &SuspectView, multi: bool) {
         nums.push(format!("{} at stake", fmt_bytes(sp.bytes)));
     } else if sp.is_leak {
         nums.push(format!("{} still allocated at the end of the trace", fmt_bytes(sp.bytes)));
+    } else if sp.severity == "held" {
+        nums.push(format!("{} held at the dump, growth not known (no trace)", fmt_bytes(sp.bytes)));
     } else if sp.severity == "peak" {
         nums.push(format!("{} held at once, released later", fmt_bytes(sp.bytes)));
     } else {

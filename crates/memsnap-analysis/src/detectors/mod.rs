@@ -120,14 +120,15 @@ pub fn detect(cx: &Context) -> Vec<Suspect> {
     // Detectors are independent (they read the context only): run side by side, collected in
     // registry order.
     use rayon::prelude::*;
-    // Each suspect with the blocks of a `leak` finding (for the fragmentation check below).
+    // Each suspect with the blocks of a `leak` or `held` finding (for the fragmentation check below).
     let found: Vec<Vec<(Suspect, Vec<usize>)>> = REGISTRY
         .par_iter()
         .map(|d| {
             d.detect(cx)
                 .into_iter()
                 .filter_map(|f| {
-                    let blocks = if f.severity == Severity::Leak { f.blocks.clone() } else { Vec::new() };
+                    let held_to_the_end = matches!(f.severity, Severity::Leak | Severity::Held);
+                    let blocks = if held_to_the_end { f.blocks.clone() } else { Vec::new() };
                     finish(cx, f).map(|s| (s, blocks))
                 })
                 .collect()
@@ -240,7 +241,7 @@ fn raises_peak(cx: &Context, m: &Measured, bytes: u64) -> bool {
 fn finish(cx: &Context, f: Finding) -> Option<Suspect> {
     let m = measure(cx, &f.blocks, &f.boundaries);
     let bytes = f.bytes.unwrap_or(match f.severity {
-        Severity::Leak => m.at_end,
+        Severity::Leak | Severity::Held => m.at_end,
         Severity::Peak | Severity::Waste => m.max_live,
     });
     let many = f.severity == Severity::Leak && f.occurrences >= cx.thresholds.small_leak_occurrences;

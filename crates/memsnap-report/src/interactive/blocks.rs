@@ -61,7 +61,7 @@ pub fn suspect_blocks(
     }
     let at = match s.severity {
         Severity::Peak => d.peaks.allocated.event_index.map(|i| i as u32),
-        Severity::Leak | Severity::Waste => d.event_count.checked_sub(1).map(|i| i as u32),
+        Severity::Leak | Severity::Held | Severity::Waste => d.event_count.checked_sub(1).map(|i| i as u32),
     };
     d.blocks
         .par_iter()
