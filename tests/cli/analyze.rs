@@ -1784,3 +1784,32 @@ fn gradients_no_optimizer_clears_are_named_at_the_backward_line() {
     let out = analyze(&fixture_with_prefix("extra13", "g02_"));
     assert!(of_kind(&out, "unreleased_gradient").is_empty(), "g02:{}", describe(&out));
 }
+
+/// ax01 (`fixtures/limits`, kept there for another misreading): a CTC trainer keeps
+/// `sys.exc_info()` of every step a loss helper rejects after the forward. The skipped steps'
+/// graphs are held by the tracebacks' frames; the helper made a small length check (l.114)
+/// before raising, alive only because its frame is held. That value is no root: the suspect is
+/// at the pass (l.133), and its words name no value as the root. af14's kept `d_loss`, made in
+/// the step's own function (the same line as the pass), stays the root.
+#[test]
+fn a_graph_an_exception_keeps_is_named_at_its_pass_not_at_a_value_the_raising_helper_made() {
+    let path = fixture_with_prefix("limits", "ax01_");
+    let script = format!("{}.py", stem(&path));
+    let out = analyze(&path);
+    let graphs = of_kind(&out, "retained_graph");
+    assert_eq!(graphs.len(), 1, "{}", describe(&out));
+    let g = graphs[0];
+    assert_eq!(g["facts"]["hold"], "skipped_backward", "{g}");
+    assert!(at(g, &script, 133), "{g}");
+    assert!(g["facts"]["root"].is_null(), "{g}");
+    assert!(!g["evidence"].as_str().unwrap().contains("rooted at"), "{g}");
+
+    let path = fixture_with_prefix("extra36", "af14_");
+    let out = analyze(&path);
+    let g = of_kind(&out, "retained_graph")[0];
+    assert_eq!(
+        (g["facts"]["hold"].as_str(), g["facts"]["root"]["line"].as_u64()),
+        (Some("skipped_backward"), Some(70)),
+        "{g}"
+    );
+}

@@ -184,7 +184,18 @@ impl Detector for RetainedGraph {
             let forward_call = call.or(first_unit.call_site);
             let root = g.roots.iter().min().map(|&(_, bi)| bi);
             let root_stack = root.map(|bi| cx.event_stack(&cx.replay.blocks[bi]));
-            let root_site = root_stack.and_then(|s| cx.stacks.get(s).site);
+            let mut root_site = root_stack.and_then(|s| cx.stacks.get(s).site);
+            // A step left by an exception: a small value made after the pass in a function the
+            // step called, not in the function that ran the model, outlives that call only
+            // because the exception's traceback holds the callee's frame (ax01: a loss helper's
+            // length check, `short = out_lens < tgt_lens`, then the raise). The frames hold the
+            // graph, not that value, so it is no root, and the pass is where to look. A value
+            // made in the step's own function is carried by it (af14's logged `d_loss`).
+            if hold == GraphHold::SkippedBackward
+                && root_site.zip(forward_call).is_some_and(|(r, f)| !same_function(cx, r, f))
+            {
+                root_site = None;
+            }
             let (site, stack) = match hold {
                 GraphHold::RetainedByBackward => (g.backward_line, cx.backward_stack(g.backward_line)),
                 // The value that holds the graph, when the user's code made one after the pass;
@@ -232,6 +243,12 @@ impl Detector for RetainedGraph {
         }
         out
     }
+}
+
+/// Whether two frames are lines of one function (same file, same function name).
+fn same_function(cx: &Context, a: FrameId, b: FrameId) -> bool {
+    let (fa, fb) = (cx.snap.frame(a), cx.snap.frame(b));
+    fa.filename == fb.filename && fa.name == fb.name
 }
 
 /// A state-only group with the shape of kept graphs (`state_only::GraphShape`): a leak, since
