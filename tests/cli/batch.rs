@@ -137,6 +137,7 @@ fn readable_inputs_exit_0_and_two_ddp_ranks_show_the_odd_one_out() {
     let leak =
         top.iter().find(|s| s["kind"] == "retained_graph").unwrap_or_else(|| panic!("no retained_graph: {top:?}"));
     assert_eq!(leak["device"], 1);
+    assert_eq!(leak["severity"], "leak", "{leak}");
     assert!(leak["site"]["filename"].as_str().unwrap().ends_with("m02_ddp.py"), "{leak}");
     assert!(r1["caveats"].as_array().unwrap().iter().any(|c| c.as_str().unwrap().contains("trace starts mid-run")));
 }
@@ -219,9 +220,11 @@ fn csv_has_a_header_and_one_line_per_file() {
     assert_eq!(rank1[col("allocated_bytes")], "434107392");
     let kinds: Vec<&str> = rank1[col("top_suspect_kinds")].split(';').collect();
     let sites: Vec<&str> = rank1[col("top_suspect_sites")].split(';').collect();
-    assert_eq!(kinds.len(), sites.len(), "{rank1:?}");
+    let severities: Vec<&str> = rank1[col("top_suspect_severities")].split(';').collect();
+    assert_eq!((kinds.len(), severities.len()), (sites.len(), sites.len()), "{rank1:?}");
     let leak = kinds.iter().position(|k| *k == "retained_graph").unwrap_or_else(|| panic!("{rank1:?}"));
     assert!(sites[leak].contains("m02_ddp.py:"), "{rank1:?}");
+    assert_eq!(severities[leak], "leak", "{rank1:?}");
     assert_eq!(rank1[col("suspect_count")].parse::<usize>().unwrap().min(3), kinds.len());
     assert!(rank1[col("caveats")].contains("trace starts mid-run"));
     assert_eq!(rank1[col("error")], "");
@@ -319,4 +322,16 @@ fn shared_dev_snapshots_match_truth() {
         assert_eq!(row["reserved_bytes"], truth["at_dump"]["reserved"], "{name}");
         assert_eq!(row["file_bytes"].as_u64(), Some(std::fs::metadata(&path).unwrap().len()), "{name}");
     }
+}
+
+/// A row says how bad each top suspect is: a file recorded with `enabled="state"` (z08, an
+/// inference cache) holds many blocks from one line, `held` (growth not known), not `leak`.
+#[test]
+fn a_row_gives_each_top_suspect_its_severity() {
+    let z08 = common::fixture("extra3/z08_state_only_inference_cache.pickle.xz");
+    let r = memsnap(&["batch", z08.to_str().unwrap()]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let rows = jsonl(&r.stdout);
+    let top = rows[0]["top_suspects"].as_array().unwrap();
+    assert!(!top.is_empty() && top.iter().all(|s| s["kind"] == "reference_leak" && s["severity"] == "held"), "{top:?}");
 }

@@ -98,7 +98,7 @@ impl Figures {
     }
 }
 
-const CSV_COLUMNS: [&str; 16] = [
+const CSV_COLUMNS: [&str; 17] = [
     "path",
     "file_bytes",
     "pickle_bytes",
@@ -112,6 +112,7 @@ const CSV_COLUMNS: [&str; 16] = [
     "peak_device",
     "suspect_count",
     "top_suspect_kinds",
+    "top_suspect_severities",
     "top_suspect_sites",
     "caveats",
     "error",
@@ -167,6 +168,7 @@ fn row_json(row: &Row) -> Value {
                 .iter()
                 .map(|s| json!({
                     "kind": s.kind.name(),
+                    "severity": s.severity.name(),
                     "device": s.device,
                     "bytes": s.bytes,
                     "confidence": (s.confidence * 100.0).round() / 100.0,
@@ -206,6 +208,7 @@ pub(super) fn row_schema() -> Schema {
         field("confidence", DataType::Float64, false),
         field("device", DataType::Int64, false),
         field("kind", DataType::Utf8, false),
+        field("severity", DataType::Utf8, false),
         field("site", DataType::Struct(site), true),
     ]);
     Schema::new(vec![
@@ -274,6 +277,7 @@ fn row_csv(row: &Row) -> String {
             f.peak_device().map_or(String::new(), |d| d.device.to_string()),
             f.suspect_count.to_string(),
             f.top_suspects.iter().map(|s| s.kind.name()).collect::<Vec<_>>().join(";"),
+            f.top_suspects.iter().map(|s| s.severity.name()).collect::<Vec<_>>().join(";"),
             text_cell(&f.top_suspects.iter().map(|s| site_text(s.site.as_ref())).collect::<Vec<_>>().join(";")),
             text_cell(&f.caveats.join(" | ")),
             String::new(),
