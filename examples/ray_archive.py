@@ -79,6 +79,7 @@ ROW_SCHEMA = pa.schema(
                         ("confidence", pa.float64()),
                         ("device", pa.int64()),
                         ("kind", pa.string()),
+                        ("severity", pa.string()),
                         ("site", _SITE),
                     ]
                 )
