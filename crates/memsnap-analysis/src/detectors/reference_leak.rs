@@ -456,14 +456,19 @@ impl Detector for ReferenceLeak {
         // full: indexed with the others.)
         let let_go =
             LetGoIndex::of(cx, groups.iter().filter(|(key, g)| may_hold_a_rising_level(cx, key, g)).map(|(_, g)| g));
-        let levels: BTreeMap<Key, (HeldLevel, Vec<usize>)> = groups
+        let asked: BTreeSet<Key> = groups
             .iter()
             .filter(|(key, g)| {
                 may_hold_a_rising_level(cx, key, g)
                     && !cx.is_growth(g.kept.len(), g.eligible.len())
                     && !cleared.contains_key(key)
             })
-            .filter_map(|(key, g)| {
+            .map(|(key, _)| *key)
+            .collect();
+        let levels: BTreeMap<Key, (HeldLevel, Vec<usize>)> = asked
+            .iter()
+            .filter_map(|key| {
+                let g = &groups[key];
                 Some((*key, held_level(cx, g, &let_go, |k| occurrence_start(k, g.pass_occurrences))?))
             })
             .collect();
@@ -555,9 +560,11 @@ impl Detector for ReferenceLeak {
             // start still reached new highs to the end (a store counting its own short-lived
             // entries as let go while it also gains entries).
             let start = |k| occurrence_start(k, g.pass_occurrences);
+            // A line asked above whose level did not rise is not asked again.
             let full = !levels.contains_key(key)
                 && at_capacity(cx, g, start)
-                && !(may_hold_a_rising_level(cx, key, g) && held_level(cx, g, &let_go, start).is_some());
+                && (asked.contains(key)
+                    || !(may_hold_a_rising_level(cx, key, g) && held_level(cx, g, &let_go, start).is_some()));
             let per_shape = loop_only && matches!(key, Key::Line(_, Origin::User)) && keyed_by_shape(cx, g);
             if stopped || built_into_model || full || per_shape {
                 stopped_filling.insert(*key);
