@@ -1813,3 +1813,27 @@ fn a_graph_an_exception_keeps_is_named_at_its_pass_not_at_a_value_the_raising_he
         "{g}"
     );
 }
+
+/// ba03 (a blind probe): a monitor appends three `torch.autograd.grad` results every second
+/// step, and the ring holds five iterations, so two kept gradient sets, one short of growth.
+/// Eighteen earlier sets are alive from before the ring, without stacks (the engine's thread
+/// has no Python frames): counted as whole copies of the kept set beyond the model's own, they
+/// make it a leak at the `autograd.grad` line. A clean program whose ring wrapped (ba04, with an
+/// EMA copy of its generator and Adam moments made before the ring) gains no such leak.
+#[test]
+fn gradient_sets_kept_from_before_a_wrapped_ring_count_as_earlier_steps() {
+    let path = fixture_with_prefix("extra54", "ba03_");
+    let script = format!("{}.py", stem(&path));
+    let out = analyze(&path);
+    let grads = of_kind(&out, "unreleased_gradient");
+    assert_eq!(grads.len(), 1, "{}", describe(&out));
+    let g = grads[0];
+    assert_eq!(g["severity"], "leak", "{g}");
+    assert!(at(g, &script, 126), "{g}");
+    let before = g["facts"]["hold"]["kept_each_step"]["sets_before_trace"].as_u64().unwrap();
+    assert!(before >= 10, "{g}");
+    assert!(g["evidence"].as_str().unwrap().contains("made before the trace began"), "{g}");
+
+    let clean = analyze(&fixture_with_prefix("extra54", "ba04_"));
+    assert!(of_kind(&clean, "unreleased_gradient").iter().all(|s| s["severity"] != "leak"), "{}", describe(&clean));
+}

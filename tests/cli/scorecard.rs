@@ -623,6 +623,15 @@ fn scorecard_without_event_stacks() {
         // by as many different operations as kept graphs' saved tensors, with the norms' outputs
         // beside them. The whole trace names the hook's line; from the dump they read as graphs.
         ("au02_vicreg_cka_drift_probe_forward_hooks_never_removed_leak", S, "retained_graph"),
+        // A DDPM preview's kept graphs are found (retained_graph at the sampler's model call),
+        // and beside them the DDIM update's two lines between the model calls (`x0`, `x`), whose
+        // blocks the next calls' graphs saved, read as kept tensors (ba02).
+        ("ba02_ddpm_unet_ema_ddim_preview_without_no_grad_keeps_preview_grids_leak", S, "reference_leak"),
+        // An LRU cache of (tokens, embedding) clones under an 8 MiB byte budget, full from the
+        // seventh of 40 batches: 434 blocks alive at the dump from one line, of small sizes that
+        // the steps' own temporaries have too, so, as aq18's, they settle into none of the
+        // bounded shapes `state_only::WorkingSet` knows. The whole trace reads clean (bb06).
+        ("bb06_embedding_service_forward_hook_token_tap_drained_byte_budget_lru_cache_clean", S, "clean"),
     ];
     // Cut to its last half as well (a ring that wrapped): the same misreadings; x02's evaluation
     // without `no_grad` of a CNN whose batch norms run in eval mode (no twins), which the whole

@@ -212,7 +212,9 @@ pub enum LeakOrigin {
 #[serde(rename_all = "snake_case")]
 pub enum GradientHold {
     /// New gradients of every step kept (references to `.grad` stored, then `zero_grad`).
-    KeptEachStep { blocks_per_step: u64, distinct_sizes: usize },
+    /// `sets_before_trace`: like sets made before a wrapped ring's first event and still alive,
+    /// beyond the model's own copies, counted as earlier steps (0 when the trace decides alone).
+    KeptEachStep { blocks_per_step: u64, distinct_sizes: usize, sets_before_trace: usize },
     /// The last step's gradients stay allocated through an evaluation window. `every_step`: such
     /// windows come about once per iteration (no-grad passes the step itself runs: acting in
     /// reinforcement learning, a teacher, a target network, an evaluation every step).

@@ -302,13 +302,21 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
             }
         }
         Evidence::UnreleasedGradient { hold, blocks, backward_line, released_at } => match hold {
-            GradientHold::KeptEachStep { blocks_per_step, distinct_sizes } => format!(
-                "{} allocated by the backward pass at {} ({} per step, of {}) {} still allocated: gradients of every step kept. {tail}.",
+            GradientHold::KeptEachStep { blocks_per_step, distinct_sizes, sets_before_trace } => format!(
+                "{} allocated by the backward pass at {} ({} per step, of {}) {} still allocated{}: gradients of every step kept. {tail}.",
                 plural(*blocks, "block", "blocks"),
                 site(backward_line),
                 blocks_per_step,
                 plural(*distinct_sizes as u64, "parameter size", "parameter sizes"),
-                agree(*blocks, "is", "are")
+                agree(*blocks, "is", "are"),
+                match sets_before_trace {
+                    0 => String::new(),
+                    n => format!(
+                        ", and {} more like {} without a line, made before the trace began, beyond the model's own copies (parameters, optimizer moments, gradients, an EMA)",
+                        n,
+                        if *n == 1 { "set" } else { "sets" }
+                    ),
+                }
             ),
             GradientHold::SeenAtDump { generations, distinct_sizes } => format!(
                 "{} alive at the dump have no Python frame (the autograd engine's thread, where a backward makes gradients) and parameters' sizes: for {}, at least {} per parameter, where a program holds one (the current `.grad`), so the gradients of at least {} earlier backward passes are kept. This is read from the dump alone (the trace has no stacks, as with `context=\"state\"`, or there is no trace), so which reference keeps them the file cannot say. {tail}.",

@@ -45,6 +45,11 @@ use crate::lifecycle::UnitFate;
 /// thread's cuBLAS workspace, 32 MiB on an H100, made by its first matmul: g02).
 const MIN_UNCLEARED_GRADIENTS: usize = 4;
 
+/// Copies of a model's parameter set that its own state may hold, made before a trace began
+/// (`sets_made_before_trace`): the parameters, two optimizer moments (Adam), the current
+/// gradients and one more copy of the model (an EMA or a teacher).
+const OWN_PARAMETER_SET_COPIES: usize = 5;
+
 pub struct UnreleasedGradient;
 
 impl Detector for UnreleasedGradient {
@@ -63,9 +68,15 @@ impl Detector for UnreleasedGradient {
         for g in cx.kept_backward_groups().iter().filter(|g| g.gradient_like) {
             let iterations = cx.backward_iterations(g.line);
             let eligible = iterations.len();
-            let by_share = cx.is_growth(g.kept_iterations.len(), eligible);
+            let kept = g.kept_iterations.len();
+            let by_share = cx.is_growth(kept, eligible);
             let run = kept_to_the_end_since(cx, &g.kept_iterations, &iterations);
-            if !by_share && run.is_none() {
+            // A wrapped ring may hold too few of the line's backwards: then the like gradient
+            // sets alive from before its first event are earlier ones, counted as occurrences.
+            // Asked only where they could decide (every occurrence in the trace kept).
+            let before = if !by_share && run.is_none() && kept == eligible { sets_made_before_trace(cx, g) } else { 0 };
+            let with_before = before > 0 && cx.is_growth(kept + before, eligible + before);
+            if !by_share && run.is_none() && !with_before {
                 continue;
             }
             // A log that started late grows from where it started.
@@ -89,6 +100,7 @@ impl Detector for UnreleasedGradient {
                     hold: GradientHold::KeptEachStep {
                         blocks_per_step: g.blocks.len() as u64 / g.kept_iterations.len().max(1) as u64,
                         distinct_sizes: g.sizes.len(),
+                        sets_before_trace: before,
                     },
                     blocks: g.blocks.len() as u64,
                     backward_line: g.line.map(|f| cx.site(f)),
@@ -102,6 +114,44 @@ impl Detector for UnreleasedGradient {
         out.extend(uncleared);
         out
     }
+}
+
+/// Gradient sets like those the group keeps per iteration, alive at the dump and made before the
+/// trace began, beyond a model's own copies (`OWN_PARAMETER_SET_COPIES`).
+///
+/// Mechanism. The autograd engine makes gradients on its own thread, without Python frames, so
+/// blocks made before a wrapped ring's first event carry no line to match them by (the dump
+/// keeps a block's stack, and these have none): what is left is their sizes. Gradients come in
+/// sets of the parameters' sizes, one per parameter, and a kept set is alive at the dump. So the
+/// pre-trace blocks without a user frame, alive at the dump, count as whole copies of one
+/// iteration's kept set (the fewest over its sizes, each size taken as often as the set has it);
+/// the model's parameters, optimizer moments, gradients and an EMA copy are such copies too,
+/// and are not counted. ba03: a monitor that appends three `torch.autograd.grad` results every
+/// second step, two of them in a ring of five iterations, eighteen made before it.
+fn sets_made_before_trace(cx: &Context, g: &super::BackwardGroup) -> usize {
+    let Some(&last) = g.kept_iterations.last() else { return 0 };
+    let mut per_set: BTreeMap<u64, usize> = BTreeMap::new();
+    for &bi in &g.blocks {
+        let b = &cx.replay.blocks[bi];
+        if g.sizes.contains(&b.size) && cx.iteration_of(b) == Some(last) {
+            *per_set.entry(b.size).or_default() += 1;
+        }
+    }
+    if per_set.len() < 2 {
+        return 0;
+    }
+    let mut before: BTreeMap<u64, usize> = BTreeMap::new();
+    for b in &cx.replay.blocks {
+        if b.alloc_event().is_none()
+            && b.freed_at().is_none()
+            && per_set.contains_key(&b.size)
+            && cx.stacks.userless(b.stack)
+        {
+            *before.entry(b.size).or_default() += 1;
+        }
+    }
+    let copies = per_set.iter().map(|(s, &n)| before.get(s).copied().unwrap_or(0) / n).min().unwrap_or(0);
+    copies.saturating_sub(OWN_PARAMETER_SET_COPIES)
 }
 
 /// Gradients the first backward of a line made and kept to the end, none of which a later
