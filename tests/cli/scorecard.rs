@@ -588,11 +588,6 @@ fn scorecard_without_event_stacks() {
         ("v11_stacks_all_evaluator_history_leak", S, "reference_leak"),
         ("o02_lora_eval_without_no_grad_keeps_loss_leak", S, "reference_leak"),
         ("s22_lr_range_test_val_loss_history_without_no_grad_leak", S, "reference_leak"),
-        // A few tensors of each round kept on purpose, to pin the split segments the
-        // fragmentation needs (s07's `keep`, z14's bounded deque of hard examples): from the dump,
-        // many live blocks from one line.
-        ("s07_fragmentation", S, "reference_leak"),
-        ("z14_fragmentation_varlen", S, "reference_leak"),
         // Kept graphs of evaluations without `no_grad` whose models save no norm statistics
         // (a batch norm in eval mode uses its running ones; an MLP has none): without those
         // twins the blocks read as outputs kept per module, as a hook on every module keeps
@@ -627,21 +622,22 @@ fn scorecard_without_event_stacks() {
         // and beside them the DDIM update's two lines between the model calls (`x0`, `x`), whose
         // blocks the next calls' graphs saved, read as kept tensors (ba02).
         ("ba02_ddpm_unet_ema_ddim_preview_without_no_grad_keeps_preview_grids_leak", S, "reference_leak"),
-        // An LRU cache of (tokens, embedding) clones under an 8 MiB byte budget, full from the
-        // seventh of 40 batches: 434 blocks alive at the dump from one line, of small sizes that
-        // the steps' own temporaries have too, so, as aq18's, they settle into none of the
-        // bounded shapes `state_only::WorkingSet` knows. The whole trace reads clean (bb06).
-        ("bb06_embedding_service_forward_hook_token_tap_drained_byte_budget_lru_cache_clean", S, "clean"),
     ];
-    // Cut to its last half as well (a ring that wrapped): the same misreadings; x02's evaluation
-    // without `no_grad` of a CNN whose batch norms run in eval mode (no twins), which the whole
-    // trace tells by when its blocks were made; and p03's eight KV buffers, preallocated from one
-    // line before the window, in a decoding loop with no iterations to show that the line kept
-    // nothing in the window (`state_only::sift_by_iteration`).
+    // Cut to its last half as well (a ring that wrapped): the same misreadings, and x02's
+    // evaluation without `no_grad` of a CNN whose batch norms run in eval mode (no twins), which
+    // the whole trace tells by when its blocks were made. (p03's eight KV buffers, preallocated
+    // from one line before the window of a decoding loop with no iterations, read as a leak
+    // there until the trace's equal parts showed their level: `state_only::PARTS_WITHOUT_ITERATIONS`.)
     let mut known: Vec<(&str, &str, &str)> = KNOWN.to_vec();
     known.extend(KNOWN.iter().map(|&(fixture, _, kind)| (fixture, "context-state+last50", kind)));
     known.push(("x02_cnn_eval_no_grad_missing", "context-state+last50", "reference_leak"));
-    known.push(("p03_static_kv_buffer_decode_clean", "context-state+last50", "clean"));
+    // Whole only: a few tensors of each round kept on purpose, to pin the split segments the
+    // fragmentation needs (s07's `keep`, z14's bounded deque of hard examples): from the dump,
+    // many live blocks from one line. Cut to their last half, no iteration is found (no
+    // backward; without stacks no model call), and over equal parts of the trace the blocks
+    // of their sizes hold their level (`state_only::PARTS_WITHOUT_ITERATIONS`).
+    known.push(("s07_fragmentation", S, "reference_leak"));
+    known.push(("z14_fragmentation_varlen", S, "reference_leak"));
     // Whole only: cuBLAS's workspace on each of 32 side streams (ab05), 32 like blocks from the
     // matmul line, which without stacks on the events cannot be told from kept outputs
     // (`lifecycle::per_stream_state` needs the operation's stack); and ab06's records in

@@ -511,14 +511,17 @@ fn analyze_device(
                 "{head}, yet the trace shows them all made in {parts} of its {} equal parts: they did not accumulate while the rest of the trace ran (a working set still held, such as the last request's cache), so they are not reported as a leak",
                 thresholds.min_leak_occurrences
             ),
-            detectors::state_only::WorkingSet::Level { at_dump, earlier } => format!(
-                "{head}, yet blocks of their sizes did not grow over the trace ({at_dump} alive at the dump, {earlier} at the low point of an iteration in its first half): what holds them is bounded (a pool, a queue with a maximum length, the latest output per module), so they are not reported as a leak"
+            detectors::state_only::WorkingSet::Level { at_dump, earlier, parts } => format!(
+                "{head}, yet blocks of their sizes did not grow over the trace ({at_dump} alive at the dump, {earlier} at the low point of {} in its first half): what holds them is bounded (a pool, a queue with a maximum length, the latest output per module), so they are not reported as a leak",
+                if *parts { "an equal part of the trace (no iteration was found)" } else { "an iteration" }
             ),
-            detectors::state_only::WorkingSet::Filled { at_dump, level, iterations } => format!(
-                "{head}, yet blocks of their sizes stopped growing during the trace ({level} alive at the low point of each of its last {iterations} iterations, {at_dump} at the dump): what holds them filled up and then kept its size (a cache at its capacity, replacing entries), so they are not reported as a leak"
+            detectors::state_only::WorkingSet::Filled { at_dump, level, iterations, parts } => format!(
+                "{head}, yet blocks of their sizes stopped growing during the trace ({level} alive at the low point of each of its last {iterations} {}, {at_dump} at the dump): what holds them filled up and then kept its size (a cache at its capacity, replacing entries), so they are not reported as a leak",
+                stretches(*parts)
             ),
-            detectors::state_only::WorkingSet::Plateau { bytes, iterations } => format!(
-                "{head}, yet the blocks within their range of sizes stopped growing during the trace (at the low point of each of its last {iterations} iterations at most {}, a level an earlier iteration's low point reached, and no more at the dump than one such block above it): what holds them is bounded by its bytes or its entries and replaces them (a cache of entries of varying sizes), so they are not reported as a leak",
+            detectors::state_only::WorkingSet::Plateau { bytes, iterations, parts } => format!(
+                "{head}, yet the blocks within their range of sizes stopped growing during the trace (at the low point of each of its last {iterations} {} at most {}, a level an earlier one's low point reached, and no more at the dump than one such block above it): what holds them is bounded by its bytes or its entries and replaces them (a cache of entries of varying sizes), so they are not reported as a leak",
+                stretches(*parts),
                 memsnap_model::format_bytes(*bytes, 2)
             ),
         }
@@ -589,5 +592,15 @@ fn analyze_device(
         peak_blocks,
         end_blocks,
         cache,
+    }
+}
+
+/// The words for the stretches a working set was read over: iterations, or equal parts of a
+/// trace in which no iteration was found (`detectors::state_only::WorkingSet`).
+fn stretches(parts: bool) -> &'static str {
+    if parts {
+        "equal parts (no iteration was found)"
+    } else {
+        "iterations"
     }
 }

@@ -623,7 +623,20 @@ fn live_blocks_with_stacks<'c>(
         .map(|(bi, b)| (bi, b, dump_stack(cx, b)))
 }
 
-/// Why a trace without stacks shows a group to be a working set, not growth.
+/// Equal parts, by event index, that a trace in which no iteration was found is cut into for the
+/// working-set troughs (`stretches`). Mechanism: without stacks on the events a loop with no
+/// backward (a server, a decoding loop) shows no iteration, since a model call cannot be placed;
+/// a leak there still adds blocks of its sizes request after request, so the low points of later
+/// parts rise, while a store at its capacity replaces its entries, so they level off. Eight parts
+/// of a ring of thousands of events are hundreds of events each, longer than one request's
+/// temporaries, so each part has its low point (bb06 in `context="state"`: an LRU under a byte
+/// budget, full by the seventh of 40 batches). Named `parts` in the words of `Level`, `Filled`
+/// and `Plateau`, which then say "part" where they say "iteration".
+const PARTS_WITHOUT_ITERATIONS: u64 = 8;
+
+/// Why a trace without stacks shows a group to be a working set, not growth. `parts`: the
+/// stretches are equal parts of a trace in which no iteration was found
+/// (`PARTS_WITHOUT_ITERATIONS`), not its iterations.
 pub(crate) enum WorkingSet {
     /// Every block was made in the trace, in only this many (fewer than `min_leak_occurrences`)
     /// of as many equal parts of it, by event index: a leak repeats, and a group made in a few
@@ -640,7 +653,7 @@ pub(crate) enum WorkingSet {
     /// left bound at the dump (s37: the loop's last loss, one block). Counted by size because
     /// the trace's events have no stacks: a block made and freed in the trace has no line;
     /// other lines' blocks of the same sizes add to both counts.
-    Level { at_dump: usize, earlier: usize },
+    Level { at_dump: usize, earlier: usize, parts: bool },
     /// Blocks of the group's sizes, of any line, were exactly `level` at the trough of each of
     /// the trace's last `iterations` iterations (its second half, at least
     /// `min_leak_occurrences` of them) and at most one more at the dump (`at_dump`), though
@@ -649,7 +662,7 @@ pub(crate) enum WorkingSet {
     /// spectrograms, full by the fifth of ten steps). A leak that keeps at least every other
     /// iteration adds a block within any three, so its low points rise over those iterations;
     /// the one more is, as for `Level`, what the last iteration left bound.
-    Filled { at_dump: usize, level: usize, iterations: usize },
+    Filled { at_dump: usize, level: usize, iterations: usize, parts: bool },
     /// The bytes of all blocks within the group's range of sizes, of any line, were at most
     /// `bytes` at the trough of each of the trace's last `iterations` iterations (the last half
     /// of its second half, at least 2), a level the trough of an earlier iteration reached, and
@@ -663,7 +676,7 @@ pub(crate) enum WorkingSet {
     /// earlier one; blocks of other lines within the range are counted too (as for `Level`) and
     /// can hide a small leak among a larger store's swings, or a leak that begins after a
     /// larger in-range store was let go.
-    Plateau { bytes: u64, iterations: usize },
+    Plateau { bytes: u64, iterations: usize, parts: bool },
 }
 
 /// Whether the trace (without stacks) shows `group` to be a working set (see [`WorkingSet`]).
@@ -676,16 +689,13 @@ fn working_set(cx: &Context, group: &LineBlocks) -> Option<WorkingSet> {
     if let Some(k) = made_in_parts(cx, blocks).filter(|_| !group.repeated) {
         return Some(WorkingSet::MadeInParts(k));
     }
-    let bounds = &cx.phases.boundaries;
-    if bounds.len() < cx.thresholds.min_leak_occurrences {
-        return None;
-    }
+    let (bounds, parts) = stretches(cx)?;
     let sizes: BTreeSet<u64> = blocks.iter().map(|&bi| cx.replay.blocks[bi].size).collect();
-    let (troughs, at_dump) = troughs(cx, |b| sizes.contains(&b.size).then_some(1));
+    let (troughs, at_dump) = troughs(cx, &bounds, |b| sizes.contains(&b.size).then_some(1));
     let (first_half, second_half) = troughs.split_at(troughs.len().div_ceil(2));
     let earlier = first_half.iter().copied().max().unwrap_or(0);
     if at_dump <= earlier + 1 {
-        return Some(WorkingSet::Level { at_dump: at_dump.max(0) as usize, earlier: earlier.max(0) as usize });
+        return Some(WorkingSet::Level { at_dump: at_dump.max(0) as usize, earlier: earlier.max(0) as usize, parts });
     }
     let level = second_half.iter().copied().min().unwrap_or(0);
     if second_half.len() >= cx.thresholds.min_leak_occurrences
@@ -696,31 +706,55 @@ fn working_set(cx: &Context, group: &LineBlocks) -> Option<WorkingSet> {
             at_dump: at_dump.max(0) as usize,
             level: level.max(0) as usize,
             iterations: second_half.len(),
+            parts,
         });
     }
-    plateau(cx, &sizes, second_half.len())
+    plateau(cx, &bounds, &sizes, second_half.len(), parts)
+}
+
+/// The stretches the working-set troughs are read over, and whether they are equal parts of the
+/// trace: its iterations, when there are at least `min_leak_occurrences` boundaries; else, when
+/// no iteration was found at all, `PARTS_WITHOUT_ITERATIONS` equal parts by event index; else
+/// none (a trace of one or two iterations is too short to show a level).
+fn stretches(cx: &Context) -> Option<(Vec<u32>, bool)> {
+    let bounds = &cx.phases.boundaries;
+    if bounds.len() >= cx.thresholds.min_leak_occurrences {
+        return Some((bounds.clone(), false));
+    }
+    let n = cx.events.len() as u64;
+    if bounds.len() >= 2 || n < PARTS_WITHOUT_ITERATIONS * 2 {
+        return None;
+    }
+    Some(((0..=PARTS_WITHOUT_ITERATIONS).map(|k| (k * n / PARTS_WITHOUT_ITERATIONS) as u32).collect(), true))
 }
 
 /// [`WorkingSet::Plateau`] for a group of block `sizes`, judged over the last half of the trace's
-/// last `iterations` iterations.
-fn plateau(cx: &Context, sizes: &BTreeSet<u64>, iterations: usize) -> Option<WorkingSet> {
+/// last `iterations` stretches (`bounds`).
+fn plateau(cx: &Context, bounds: &[u32], sizes: &BTreeSet<u64>, iterations: usize, parts: bool) -> Option<WorkingSet> {
     if iterations < cx.thresholds.min_leak_occurrences {
         return None;
     }
     let (&smallest, &largest) = (sizes.first()?, sizes.last()?);
-    let (troughs, at_dump) = troughs(cx, |b| (smallest..=largest).contains(&b.size).then_some(b.size as i64));
+    let (troughs, at_dump) = troughs(cx, bounds, |b| (smallest..=largest).contains(&b.size).then_some(b.size as i64));
     // The later part: the last half of those iterations; the earlier, every iteration before.
     let (earlier, later) = troughs.split_at(troughs.len() - (iterations - iterations / 2));
     let high = earlier.iter().copied().max()?;
-    (later.iter().all(|&t| t <= high) && at_dump <= high + largest as i64)
-        .then_some(WorkingSet::Plateau { bytes: high.max(0) as u64, iterations: later.len() })
+    (later.iter().all(|&t| t <= high) && at_dump <= high + largest as i64).then_some(WorkingSet::Plateau {
+        bytes: high.max(0) as u64,
+        iterations: later.len(),
+        parts,
+    })
 }
 
-/// Per iteration of the trace (between consecutive boundaries), the least total `weight` of the
-/// blocks alive during it (its trough, once the iteration's own temporaries are freed), and the
-/// total alive at the dump. `weight` picks the blocks counted and what each weighs; those made
-/// before the trace are alive from its start.
-fn troughs(cx: &Context, weight: impl Fn(&memsnap_replay::BlockLifetime) -> Option<i64>) -> (Vec<i64>, i64) {
+/// Per stretch of the trace between consecutive `bounds` (its iterations, or equal parts), the
+/// least total `weight` of the blocks alive during it (its trough, once the stretch's own
+/// temporaries are freed), and the total alive at the dump. `weight` picks the blocks counted and
+/// what each weighs; those made before the trace are alive from its start.
+fn troughs(
+    cx: &Context,
+    bounds: &[u32],
+    weight: impl Fn(&memsnap_replay::BlockLifetime) -> Option<i64>,
+) -> (Vec<i64>, i64) {
     let mut alive: i64 = 0;
     let mut steps: Vec<(u32, i64)> = Vec::new();
     for b in &cx.replay.blocks {
@@ -735,9 +769,7 @@ fn troughs(cx: &Context, weight: impl Fn(&memsnap_replay::BlockLifetime) -> Opti
     }
     steps.sort_unstable();
     let mut next = 0;
-    let troughs = cx
-        .phases
-        .boundaries
+    let troughs = bounds
         .windows(2)
         .map(|w| {
             while next < steps.len() && steps[next].0 < w[0] {
