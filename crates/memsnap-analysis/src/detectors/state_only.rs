@@ -680,8 +680,9 @@ pub(crate) enum WorkingSet {
 }
 
 /// Whether the trace (without stacks) shows `group` to be a working set (see [`WorkingSet`]).
-/// Levels are judged only with at least `min_leak_occurrences` iteration boundaries (two
-/// iterations or more); a group made in few parts of the trace is a working set only if no code
+/// Levels are judged over the stretches [`stretches`] gives: at least `min_leak_occurrences`
+/// iteration boundaries (two iterations or more), or, where no iteration was found at all, equal
+/// parts of the trace; a group made in few parts of the trace is a working set only if no code
 /// path of it repeated over iterations ([`sift_by_iteration`]: a leak that starts late in the
 /// trace, p07).
 fn working_set(cx: &Context, group: &LineBlocks) -> Option<WorkingSet> {
