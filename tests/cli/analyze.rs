@@ -1833,6 +1833,9 @@ fn gradient_sets_kept_from_before_a_wrapped_ring_count_as_earlier_steps() {
     let before = g["facts"]["hold"]["kept_each_step"]["sets_before_trace"].as_u64().unwrap();
     assert!(before >= 10, "{g}");
     assert!(g["evidence"].as_str().unwrap().contains("made before the trace began"), "{g}");
+    // What it keeps is what `torch.autograd.grad` returned, not `.grad`: the advice says so.
+    assert_eq!(g["facts"]["hold"]["kept_each_step"]["returned_by_grad_call"], true, "{g}");
+    assert!(g["advice"].as_str().unwrap().contains("`torch.autograd.grad` returns"), "{g}");
 
     let clean = analyze(&fixture_with_prefix("extra54", "ba04_"));
     assert!(of_kind(&clean, "unreleased_gradient").iter().all(|s| s["severity"] != "leak"), "{}", describe(&clean));

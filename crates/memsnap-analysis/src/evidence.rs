@@ -214,7 +214,8 @@ pub enum GradientHold {
     /// New gradients of every step kept (references to `.grad` stored, then `zero_grad`).
     /// `sets_before_trace`: like sets made before a wrapped ring's first event and still alive,
     /// beyond the model's own copies, counted as earlier steps (0 when the trace decides alone).
-    KeptEachStep { blocks_per_step: u64, distinct_sizes: usize, sets_before_trace: usize },
+    /// `returned_by_grad_call`: the sets are what `torch.autograd.grad` returned, not `.grad`.
+    KeptEachStep { blocks_per_step: u64, distinct_sizes: usize, sets_before_trace: usize, returned_by_grad_call: bool },
     /// The last step's gradients stay allocated through an evaluation window. `every_step`: such
     /// windows come about once per iteration (no-grad passes the step itself runs: acting in
     /// reinforcement learning, a teacher, a target network, an evaluation every step).

@@ -302,7 +302,7 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
             }
         }
         Evidence::UnreleasedGradient { hold, blocks, backward_line, released_at } => match hold {
-            GradientHold::KeptEachStep { blocks_per_step, distinct_sizes, sets_before_trace } => format!(
+            GradientHold::KeptEachStep { blocks_per_step, distinct_sizes, sets_before_trace, .. } => format!(
                 "{} allocated by the backward pass at {} ({} per step, of {}) {} still allocated{}: gradients of every step kept. {tail}.",
                 plural(*blocks, "block", "blocks"),
                 site(backward_line),
@@ -442,6 +442,7 @@ pub fn advice(s: &Suspect) -> String {
         Evidence::ReferenceLeak { origin: LeakOrigin::WorkerThread, .. } => "Bound what the worker hands over and what it collects: a `queue.Queue(maxsize=k)` makes a producer wait for the loop; keep numbers or CPU copies (`out.argmax(1).cpu()`, `loss.item()`) rather than GPU tensors, and clear what it gathers once it is used. Grad mode is per thread: a `torch.no_grad()` in the main thread does not cover a worker's model calls, so enter it inside the thread's function.".into(),
         Evidence::ReferenceLeak { origin: LeakOrigin::Backward, .. } => "Look for backward hooks (`register_full_backward_hook`, `Tensor.register_hook`) that store tensors, and for activations that were given `retain_grad()` and are kept (their `.grad` goes with them); keep `t.detach().cpu()` or a statistic (`t.norm().item()`), or clear the container every step.".into(),
         Evidence::ReferenceLeak { .. } => "Find what keeps these tensors alive (a forward hook, a dict cache, a closure, a global list) and bound it: clear or evict entries, `del` the reference, or keep `t.detach().cpu()` / a summary statistic instead of the GPU tensor.".into(),
+        Evidence::UnreleasedGradient { hold: GradientHold::KeptEachStep { returned_by_grad_call: true, .. }, .. } => "Do not keep the gradients `torch.autograd.grad` returns: store a statistic (`g.norm().item()`) or a CPU copy (`g.detach().cpu()`), or keep only the sets you read again (a `collections.deque(maxlen=2)` for a comparison with the previous step).".into(),
         Evidence::UnreleasedGradient { hold: GradientHold::KeptEachStep { .. } | GradientHold::SeenAtDump { .. }, .. } => "Do not keep references to `.grad` tensors: store `p.grad.norm().item()` or `p.grad.detach().cpu()`, and clear gradients with `optimizer.zero_grad(set_to_none=True)`.".into(),
         Evidence::UnreleasedGradient { hold: GradientHold::NeverCleared { .. }, .. } => "Stop gradients where none is wanted: run a fixed model (a teacher, a target network) under `torch.no_grad()` or detach its output, and freeze what no optimizer trains (`module.requires_grad_(False)`); a parameter outside every optimizer still gets a `.grad` from each backward, and `optimizer.zero_grad()` never clears it.".into(),
         Evidence::UnreleasedGradient { hold: GradientHold::ThroughEvaluation { .. }, .. } => "Release gradients before evaluating: `optimizer.zero_grad(set_to_none=True)` right after `optimizer.step()` (not at the start of the next step, and not `set_to_none=False`).".into(),

@@ -85,6 +85,11 @@ impl Detector for UnreleasedGradient {
                 Some(f) if !by_share => cx.iteration_boundaries().into_iter().filter(|&b| b >= f).collect(),
                 _ => cx.iteration_boundaries(),
             };
+            // Sets that `torch.autograd.grad` returned (its backward's first event is made under
+            // that call), not `.grad` attributes: the fix differs.
+            let returned_by_grad_call = cx.phases.backwards.iter().find(|b| b.line == g.line).is_some_and(|b| {
+                cx.events.get(b.span.start as usize).is_some_and(|e| cx.stacks.get(e.stack).grad_call)
+            });
             leak_lines.push(g.line);
             out.push(Finding {
                 occurrences: g.kept_iterations.len(),
@@ -101,6 +106,7 @@ impl Detector for UnreleasedGradient {
                         blocks_per_step: g.blocks.len() as u64 / g.kept_iterations.len().max(1) as u64,
                         distinct_sizes: g.sizes.len(),
                         sets_before_trace: before,
+                        returned_by_grad_call,
                     },
                     blocks: g.blocks.len() as u64,
                     backward_line: g.line.map(|f| cx.site(f)),
