@@ -517,11 +517,11 @@ fn analyze_device(
             ),
             detectors::state_only::WorkingSet::Filled { at_dump, level, iterations, parts } => format!(
                 "{head}, yet blocks of their sizes stopped growing during the trace ({level} alive at the low point of each of its last {iterations} {}, {at_dump} at the dump): what holds them filled up and then kept its size (a cache at its capacity, replacing entries), so they are not reported as a leak",
-                stretches(*parts)
+                stretch_words(*parts)
             ),
             detectors::state_only::WorkingSet::Plateau { bytes, iterations, parts } => format!(
                 "{head}, yet the blocks within their range of sizes stopped growing during the trace (at the low point of each of its last {iterations} {} at most {}, a level an earlier one's low point reached, and no more at the dump than one such block above it): what holds them is bounded by its bytes or its entries and replaces them (a cache of entries of varying sizes), so they are not reported as a leak",
-                stretches(*parts),
+                stretch_words(*parts),
                 memsnap_model::format_bytes(*bytes, 2)
             ),
         }
@@ -597,7 +597,7 @@ fn analyze_device(
 
 /// The words for the stretches a working set was read over: iterations, or equal parts of a
 /// trace in which no iteration was found (`detectors::state_only::WorkingSet`).
-fn stretches(parts: bool) -> &'static str {
+fn stretch_words(parts: bool) -> &'static str {
     if parts {
         "equal parts (no iteration was found)"
     } else {

@@ -87,9 +87,7 @@ impl Detector for UnreleasedGradient {
             };
             // Sets that `torch.autograd.grad` returned (its backward's first event is made under
             // that call), not `.grad` attributes: the fix differs.
-            let returned_by_grad_call = cx.phases.backwards.iter().find(|b| b.line == g.line).is_some_and(|b| {
-                cx.events.get(b.span.start as usize).is_some_and(|e| cx.stacks.get(e.stack).grad_call)
-            });
+            let returned_by_grad_call = cx.stacks.get(cx.backward_stack(g.line)).grad_call;
             leak_lines.push(g.line);
             out.push(Finding {
                 occurrences: g.kept_iterations.len(),
@@ -183,7 +181,7 @@ fn never_cleared(cx: &Context, leak_lines: &[Option<FrameId>]) -> (BTreeSet<usiz
     let mut findings = Vec::new();
     for g in cx.kept_backward_groups().iter().filter(|g| !leak_lines.contains(&g.line)) {
         let Some(first_backward) = cx.phases.backwards.iter().find(|b| b.line == g.line) else { continue };
-        if cx.events.get(first_backward.span.start as usize).is_some_and(|e| cx.stacks.get(e.stack).grad_call) {
+        if cx.stacks.get(cx.backward_stack(g.line)).grad_call {
             continue;
         }
         let Some(first) = cx.phases.iteration_of(first_backward.span.start) else { continue };
