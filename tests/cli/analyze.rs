@@ -1840,3 +1840,27 @@ fn gradient_sets_kept_from_before_a_wrapped_ring_count_as_earlier_steps() {
     let clean = analyze(&fixture_with_prefix("extra54", "ba04_"));
     assert!(of_kind(&clean, "unreleased_gradient").iter().all(|s| s["severity"] != "leak"), "{}", describe(&clean));
 }
+
+/// Eight federated clients trained in turn at one `.backward()` line each keep their own `.grad`
+/// between rounds (bd01, clean). A ring shorter than a round shows each client's new set kept to
+/// the end, as a log of gradients would; but every new set took the place of the set that
+/// client had when the ring began, so as many sets are alive at the dump as then: no growth,
+/// and no first backward's set "never made again". A log of gradients that began late (q56)
+/// adds a set per kept step, and cut to its last half still reads as one.
+#[test]
+fn gradient_sets_that_replace_those_alive_when_a_ring_began_are_no_growth() {
+    if common::without_python3("gradient_sets_that_replace_those_alive_when_a_ring_began_are_no_growth: no python3") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let clients = fixture_with_prefix("extra55", "bd01_");
+    for setting in ["last50", "last20"] {
+        let out =
+            memsnap(&["analyze", "--json", common::rewritten(dir.path(), setting, &clients).to_str().unwrap()]).json();
+        assert!(of_kind(&out, "unreleased_gradient").is_empty(), "bd01 ({setting}): {}", describe(&out));
+    }
+    let log = fixture_with_prefix("extra9", "q56_");
+    let out = memsnap(&["analyze", "--json", common::rewritten(dir.path(), "last50", &log).to_str().unwrap()]).json();
+    let grads = of_kind(&out, "unreleased_gradient");
+    assert!(grads.iter().any(|g| g["severity"] == "leak"), "q56 (last50): {}", describe(&out));
+}
