@@ -198,7 +198,7 @@ pub fn evidence(s: &Suspect, peak: u64) -> String {
             kept_with,
         } => {
             let what = match origin {
-                LeakOrigin::TrainedForward => "outputs or intermediates of forward passes whose graphs a backward already freed, so no graph holds them",
+                LeakOrigin::TrainedForward => "outputs or intermediates of forward passes whose graphs a backward already freed, so no graph that a backward ran through holds them: a reference does, or the graph of a value made from them that no backward ran through (a statistic of an activation kept without `.detach()`)",
                 LeakOrigin::NoGradForward => "outputs of forward passes run without grad (or tensors the code right after them made from them), so no graph holds them",
                 LeakOrigin::ReleasedGraphForward => "outputs or inputs of forward passes run with grad that no backward ran through, kept after their graphs were let go (a detached output, the batch), so no graph holds them",
                 LeakOrigin::UserCode => "tensors made at this line outside any model call",
