@@ -1859,6 +1859,17 @@ fn gradient_sets_that_replace_those_alive_when_a_ring_began_are_no_growth() {
             memsnap(&["analyze", "--json", common::rewritten(dir.path(), setting, &clients).to_str().unwrap()]).json();
         assert!(of_kind(&out, "unreleased_gradient").is_empty(), "bd01 ({setting}): {}", describe(&out));
     }
+    // Under `context="state"` the log's gradients from before the ring have no stack; the dump
+    // gives the workers' parameters their construction stack, so those of their sizes without
+    // one are gradients, not parameters (bf02), while bf01's one set per worker stays clean.
+    for (prefix, leaks) in [("bf01_", false), ("bf02_", true)] {
+        let path = fixture_with_prefix("extra56", prefix);
+        let out =
+            memsnap(&["analyze", "--json", common::rewritten(dir.path(), "context-state", &path).to_str().unwrap()])
+                .json();
+        let found = of_kind(&out, "unreleased_gradient").iter().any(|g| g["severity"] == "leak");
+        assert_eq!(found, leaks, "{prefix} (context-state): {}", describe(&out));
+    }
     let log = fixture_with_prefix("extra9", "q56_");
     let out = memsnap(&["analyze", "--json", common::rewritten(dir.path(), "last50", &log).to_str().unwrap()]).json();
     let grads = of_kind(&out, "unreleased_gradient");

@@ -398,22 +398,42 @@ pub(crate) struct KeptGradients {
 /// that size, at least `min_leak_occurrences` blocks without a Python frame beyond the current
 /// gradient (a leak repeats, and a backward makes gradients of several sizes). Parameters are the
 /// live blocks made by construction code (`Module.to`, `__init__`) and, with a trace, those made
-/// before it. Without a trace, a block made before recording has no stack at all, like a
-/// gradient under `stacks="python"` (the model and its optimizer state, made before recording,
-/// would pass for gradients), so only blocks with native frames and no Python one count: the
-/// engine's, under `stacks="all"`.
+/// before it, except, for a size construction code made while recording, those without a Python
+/// frame: the dump gives the parameters of a model built while recording their construction
+/// stack, so blocks of their size made before the trace without one are the engine's, the
+/// gradients of backward passes the ring no longer holds (bf02, bf03 under `context="state"`),
+/// while a model built before recording leaves no construction stack to go by. Without a trace,
+/// a block made before recording has no stack at all, like a gradient under `stacks="python"`
+/// (the model and its optimizer state, made before recording, would pass for gradients), so only
+/// blocks with native frames and no Python one count: the engine's, under `stacks="all"`.
 pub(crate) fn kept_gradients(cx: &Context, origin: LeakOrigin) -> Option<KeptGradients> {
     let th = cx.thresholds;
     let traced = origin == LeakOrigin::DumpStacksOnly;
+    let mut built: BTreeMap<u64, usize> = BTreeMap::new();
     let mut params: BTreeMap<u64, usize> = BTreeMap::new();
+    let mut before: BTreeMap<u64, Vec<(u32, usize)>> = BTreeMap::new();
     let mut frameless: BTreeMap<u64, Vec<(u32, usize)>> = BTreeMap::new();
     for (bi, b, stack) in live_blocks_with_stacks(cx) {
         let info = cx.stacks.get(stack);
         let made = b.alloc_event();
-        if info.construction || (traced && made.is_none()) {
+        if info.construction {
+            *built.entry(b.size).or_default() += 1;
+            *params.entry(b.size).or_default() += 1;
+        } else if traced && made.is_none() && !info.python {
+            before.entry(b.size).or_default().push((0, bi));
+        } else if traced && made.is_none() {
             *params.entry(b.size).or_default() += 1;
         } else if !info.python && (traced || stack != StackId::EMPTY) {
             frameless.entry(b.size).or_default().push((made.unwrap_or(0), bi));
+        }
+    }
+    // Frameless blocks from before the trace are parameters unless construction code made some
+    // of their size while recording.
+    for (size, blocks) in before {
+        if built.contains_key(&size) {
+            frameless.entry(size).or_default().extend(blocks);
+        } else {
+            *params.entry(size).or_default() += blocks.len();
         }
     }
     let mut blocks = Vec::new();

@@ -52,6 +52,11 @@ const MIN_UNCLEARED_GRADIENTS: usize = 4;
 /// gradients and one more copy of the model (an EMA or a teacher).
 const OWN_PARAMETER_SET_COPIES: usize = 5;
 
+/// Gradient sets a level may differ by without a set kept or let go
+/// (`replaced_sets_alive_at_start`): between `zero_grad` and the backward that makes them again,
+/// one model of several trained in turn has none.
+const SETS_IN_FLIGHT: usize = 1;
+
 pub struct UnreleasedGradient;
 
 impl Detector for UnreleasedGradient {
@@ -154,8 +159,9 @@ fn sets_made_before_trace(cx: &Context, g: &super::BackwardGroup) -> usize {
     before.saturating_sub(OWN_PARAMETER_SET_COPIES)
 }
 
-/// Whether the whole copies of one iteration's kept set alive at the dump, whoever made them,
-/// are at most [`SETS_IN_FLIGHT`] more than those alive when the trace began.
+/// Whether the whole copies of the part of a set every kept iteration holds
+/// (`kept_in_every_iteration`), alive at the dump whoever made them, are at most
+/// [`SETS_IN_FLIGHT`] more than those alive when the trace began.
 ///
 /// Mechanism. A parameter has one `.grad`: `zero_grad(set_to_none=True)` drops it and the next
 /// backward that reaches the parameter makes a new one of its size. So gradients kept because
@@ -179,10 +185,6 @@ fn replaced_sets_alive_at_start(cx: &Context, g: &super::BackwardGroup) -> bool 
     let at_dump = whole_copies(&per_set, blocks.iter().filter(|b| b.freed_at().is_none()));
     at_start > 0 && at_dump <= at_start + SETS_IN_FLIGHT
 }
-
-/// Sets of gradients a training step may hold beyond the steady level at any moment: between
-/// `zero_grad` and the backward that makes them again, one model has none.
-const SETS_IN_FLIGHT: usize = 1;
 
 /// Size → count of the gradients the line kept in its last kept iteration: one set.
 fn one_kept_set(cx: &Context, g: &super::BackwardGroup) -> BTreeMap<u64, usize> {
