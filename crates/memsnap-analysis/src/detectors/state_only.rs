@@ -401,15 +401,15 @@ pub(crate) struct KeptGradients {
 /// before it, except, for a size construction code made while recording, those without a Python
 /// frame: the dump gives the parameters of a model built while recording their construction
 /// stack, so blocks of their size made before the trace without one are the engine's, the
-/// gradients of backward passes the ring no longer holds (bf02, bf03 under `context="state"`),
-/// while a model built before recording leaves no construction stack to go by. Without a trace,
+/// gradients of backward passes the ring no longer holds (bf02 under `context="state"`), while a
+/// model built before recording leaves no construction stack to go by (bf03, still missed). Without a trace,
 /// a block made before recording has no stack at all, like a gradient under `stacks="python"`
 /// (the model and its optimizer state, made before recording, would pass for gradients), so only
 /// blocks with native frames and no Python one count: the engine's, under `stacks="all"`.
 pub(crate) fn kept_gradients(cx: &Context, origin: LeakOrigin) -> Option<KeptGradients> {
     let th = cx.thresholds;
     let traced = origin == LeakOrigin::DumpStacksOnly;
-    let mut built: BTreeMap<u64, usize> = BTreeMap::new();
+    let mut built: BTreeSet<u64> = BTreeSet::new();
     let mut params: BTreeMap<u64, usize> = BTreeMap::new();
     let mut before: BTreeMap<u64, Vec<(u32, usize)>> = BTreeMap::new();
     let mut frameless: BTreeMap<u64, Vec<(u32, usize)>> = BTreeMap::new();
@@ -417,7 +417,7 @@ pub(crate) fn kept_gradients(cx: &Context, origin: LeakOrigin) -> Option<KeptGra
         let info = cx.stacks.get(stack);
         let made = b.alloc_event();
         if info.construction {
-            *built.entry(b.size).or_default() += 1;
+            built.insert(b.size);
             *params.entry(b.size).or_default() += 1;
         } else if traced && made.is_none() && !info.python {
             before.entry(b.size).or_default().push((0, bi));
@@ -430,7 +430,7 @@ pub(crate) fn kept_gradients(cx: &Context, origin: LeakOrigin) -> Option<KeptGra
     // Frameless blocks from before the trace are parameters unless construction code made some
     // of their size while recording.
     for (size, blocks) in before {
-        if built.contains_key(&size) {
+        if built.contains(&size) {
             frameless.entry(size).or_default().extend(blocks);
         } else {
             *params.entry(size).or_default() += blocks.len();

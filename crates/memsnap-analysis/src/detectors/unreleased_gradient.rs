@@ -186,32 +186,33 @@ fn replaced_sets_alive_at_start(cx: &Context, g: &super::BackwardGroup) -> bool 
     at_start > 0 && at_dump <= at_start + SETS_IN_FLIGHT
 }
 
-/// Size → count of the gradients the line kept in its last kept iteration: one set.
-fn one_kept_set(cx: &Context, g: &super::BackwardGroup) -> BTreeMap<u64, usize> {
-    let mut per_set: BTreeMap<u64, usize> = BTreeMap::new();
-    let Some(&last) = g.kept_iterations.last() else { return per_set };
+/// Per kept iteration, size → count of the gradients (blocks of parameter sizes) the line kept
+/// in it: one set each.
+fn kept_sets(cx: &Context, g: &super::BackwardGroup) -> BTreeMap<usize, BTreeMap<u64, usize>> {
+    let mut per_iteration: BTreeMap<usize, BTreeMap<u64, usize>> =
+        g.kept_iterations.iter().map(|&it| (it, BTreeMap::new())).collect();
     for &bi in &g.blocks {
         let b = &cx.replay.blocks[bi];
-        if g.sizes.contains(&b.size) && cx.iteration_of(b) == Some(last) {
-            *per_set.entry(b.size).or_default() += 1;
+        if !g.sizes.contains(&b.size) {
+            continue;
+        }
+        if let Some(set) = cx.iteration_of(b).and_then(|it| per_iteration.get_mut(&it)) {
+            *set.entry(b.size).or_default() += 1;
         }
     }
-    per_set
+    per_iteration
+}
+
+/// Size → count of the gradients the line kept in its last kept iteration: one set.
+fn one_kept_set(cx: &Context, g: &super::BackwardGroup) -> BTreeMap<u64, usize> {
+    kept_sets(cx, g).pop_last().map(|(_, set)| set).unwrap_or_default()
 }
 
 /// Size → count of the gradients the line kept in each of its kept iterations (the fewest over
 /// them): the part of a set every kept step holds. The last step's set also holds the current
 /// `.grad`s, which a log of some of them (q01) does not keep every step.
 fn kept_in_every_iteration(cx: &Context, g: &super::BackwardGroup) -> BTreeMap<u64, usize> {
-    let mut per_iteration: BTreeMap<usize, BTreeMap<u64, usize>> =
-        g.kept_iterations.iter().map(|&it| (it, BTreeMap::new())).collect();
-    for &bi in &g.blocks {
-        let b = &cx.replay.blocks[bi];
-        if let Some(set) = cx.iteration_of(b).and_then(|it| per_iteration.get_mut(&it)) {
-            *set.entry(b.size).or_default() += 1;
-        }
-    }
-    let mut sets = per_iteration.into_values();
+    let mut sets = kept_sets(cx, g).into_values();
     let Some(mut common) = sets.next() else { return BTreeMap::new() };
     for set in sets {
         common.retain(|size, n| match set.get(size) {
