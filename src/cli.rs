@@ -7,9 +7,10 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 
 use crate::cmd;
-use crate::emit::{self, Sink};
+use crate::emit;
 use crate::exit::Exit;
 use crate::invocation::{self, Invocation, Setup};
+use crate::sink::Sink;
 
 /// Offline analyzer for PyTorch CUDA memory snapshots (`torch.cuda.memory._dump_snapshot`).
 #[derive(Parser)]

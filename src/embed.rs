@@ -5,8 +5,8 @@
 
 use std::sync::Arc;
 
-use crate::emit::Sink;
 use crate::invocation::Setup;
+use crate::sink::Sink;
 
 /// What a captured run wrote, and its exit status.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,14 +6,14 @@
 //! extension hands back. Progress bars are the exception: they draw on the terminal's stderr
 //! themselves, and only a run writing to a terminal draws them.
 
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::path::Path;
-use std::sync::Mutex;
 
 use anyhow::Context as _;
 use memsnap_model::{escape_controls, json_safe, printable};
 
 use crate::exit::Exit;
+use crate::sink::Sink;
 
 /// Print an error as one line (the cause chain joined by ": ") and return exit code 2.
 /// A closed pipe (e.g. `memsnap trace f | head`) is not an error.
@@ -83,72 +83,6 @@ pub fn stdout_is_terminal() -> bool {
 fn with_sink<T>(f: impl FnOnce(&Sink) -> T) -> T {
     static STDIO: Sink = Sink::Stdio;
     crate::invocation::with_sink(&STDIO, f)
-}
-
-/// Where a run's output goes.
-pub enum Sink {
-    /// The process's stdout and stderr.
-    Stdio,
-    /// Kept in memory, for the caller to take when the run is over.
-    Captured { stdout: Mutex<Vec<u8>>, stderr: Mutex<Vec<u8>> },
-}
-
-impl Sink {
-    pub fn captured() -> Sink {
-        Sink::Captured { stdout: Mutex::new(Vec::new()), stderr: Mutex::new(Vec::new()) }
-    }
-
-    /// What a captured run wrote to (stdout, stderr); empty for the process's stdio.
-    pub fn take(&self) -> (Vec<u8>, Vec<u8>) {
-        match self {
-            Sink::Stdio => (Vec::new(), Vec::new()),
-            Sink::Captured { stdout, stderr } => (take_buffer(stdout), take_buffer(stderr)),
-        }
-    }
-
-    pub(crate) fn write_stdout(&self, bytes: &[u8]) -> std::io::Result<()> {
-        match self {
-            Sink::Stdio => std::io::stdout().lock().write_all(bytes),
-            Sink::Captured { stdout, .. } => {
-                lock(stdout).extend_from_slice(bytes);
-                Ok(())
-            }
-        }
-    }
-
-    fn flush_stdout(&self) -> std::io::Result<()> {
-        match self {
-            Sink::Stdio => std::io::stdout().lock().flush(),
-            Sink::Captured { .. } => Ok(()),
-        }
-    }
-
-    pub(crate) fn write_stderr(&self, bytes: &[u8]) {
-        match self {
-            Sink::Stdio => {
-                let _ = std::io::stderr().lock().write_all(bytes);
-            }
-            Sink::Captured { stderr, .. } => lock(stderr).extend_from_slice(bytes),
-        }
-    }
-
-    pub(crate) fn stdout_is_terminal(&self) -> bool {
-        matches!(self, Sink::Stdio) && std::io::stdout().is_terminal()
-    }
-
-    pub(crate) fn stderr_is_terminal(&self) -> bool {
-        matches!(self, Sink::Stdio) && std::io::stderr().is_terminal()
-    }
-}
-
-/// A buffer's lock; a thread that panicked while appending to it (it cannot: appending does not
-/// panic but for want of memory) leaves bytes that are still worth handing back.
-fn lock(buffer: &Mutex<Vec<u8>>) -> std::sync::MutexGuard<'_, Vec<u8>> {
-    buffer.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-fn take_buffer(buffer: &Mutex<Vec<u8>>) -> Vec<u8> {
-    std::mem::take(&mut *lock(buffer))
 }
 
 /// Stdout of the run this thread works for, as a writer, for output written as it is built

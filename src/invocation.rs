@@ -16,7 +16,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::emit::Sink;
+use crate::sink::Sink;
 
 /// One run of the command line.
 pub struct Invocation {

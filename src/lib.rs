@@ -22,6 +22,7 @@ mod parallel_file;
 mod pipeline;
 mod progress;
 mod read_ahead;
+mod sink;
 mod size;
 mod text;
 
@@ -36,6 +37,6 @@ where
     T: Into<OsString>,
 {
     let setup =
-        invocation::Setup { sink: std::sync::Arc::new(emit::Sink::Stdio), inputs: Vec::new(), exits_after: true };
+        invocation::Setup { sink: std::sync::Arc::new(sink::Sink::Stdio), inputs: Vec::new(), exits_after: true };
     cli::run(args.into_iter().map(Into::into).collect(), setup).into()
 }
