@@ -1875,3 +1875,33 @@ fn gradient_sets_that_replace_those_alive_when_a_ring_began_are_no_growth() {
     let grads = of_kind(&out, "unreleased_gradient");
     assert!(grads.iter().any(|g| g["severity"] == "leak"), "q56 (last50): {}", describe(&out));
 }
+
+/// A small model's grad mode is read from its own training passes: autograd saves the same
+/// tensors whether or not a backward follows, so a pass from a call site that trains keeps its
+/// outputs and its saved tensors when run with grad on, its outputs alone under `no_grad`
+/// (`lifecycle::SiteTraining`). bi04 acts with an RL policy of three linears (two ReLU outputs
+/// saved, one tensor returned: 3 blocks alive of 5, under `min_saved_blocks`) through the
+/// `sample` the update also calls, without `no_grad`, and the environment keeps every acting
+/// graph; bj01 plans with a world model through the training's `predict` helper, without
+/// `no_grad`, keeping each plan's cost. Both read as outputs kept by a reference before; both
+/// now name the acting or planning line. bj02, bj01 planning under `no_grad`, stays clean.
+#[test]
+fn small_models_grad_on_passes_are_read_by_their_call_sites_training() {
+    for (dir, prefix, script, line) in [
+        ("extra57", "bi04_", "bi04_sac_vectorized_gpu_pendulum_preallocated_replay_twin_q_targets_act_without_no_grad_env_state_chains_graphs_leak.py", 191),
+        ("limits", "bj01_", "bj01_mpc_world_model_shared_predict_helper_planning_without_no_grad_keeps_plan_costs_leak.py", 69),
+    ] {
+        let out = memsnap(&["analyze", "--json", fixture_with_prefix(dir, prefix).to_str().unwrap()]).json();
+        let named = of_kind(&out, "no_grad_missing").into_iter().any(|s| {
+            s["severity"] == "leak"
+                && s["stack"].as_array().is_some_and(|st| {
+                    st.iter().any(|f| {
+                        f["filename"].as_str().is_some_and(|n| n.ends_with(script)) && f["line"].as_u64() == Some(line)
+                    })
+                })
+        });
+        assert!(named, "{prefix}: no no_grad_missing leak through line {line}: {}", describe(&out));
+    }
+    let clean = memsnap(&["analyze", "--json", fixture_with_prefix("extra57", "bj02_").to_str().unwrap()]).json();
+    assert!(suspects(&clean).is_empty(), "bj02: {}", describe(&clean));
+}

@@ -622,6 +622,11 @@ fn scorecard_without_event_stacks() {
         // and beside them the DDIM update's two lines between the model calls (`x0`, `x`), whose
         // blocks the next calls' graphs saved, read as kept tensors (ba02).
         ("ba02_ddpm_unet_ema_ddim_preview_without_no_grad_keeps_preview_grids_leak", S, "reference_leak"),
+        // An RL policy of three linears acting with grad on, its graphs kept by the environment's
+        // state (bi04): the whole trace reads its grad mode from the policy's own training
+        // passes (`lifecycle::SiteTraining`); from the dump, two ReLU outputs per acting step
+        // from one line, with no norm twins, read as outputs kept per call.
+        ("bi04_sac_vectorized_gpu_pendulum_preallocated_replay_twin_q_targets_act_without_no_grad_env_state_chains_graphs_leak", S, "reference_leak"),
     ];
     // Cut to its last half as well (a ring that wrapped): the same misreadings, and x02's
     // evaluation without `no_grad` of a CNN whose batch norms run in eval mode (no twins), which
@@ -644,6 +649,14 @@ fn scorecard_without_event_stacks() {
     // reference cycles, 9 alive at the dump from one line (see `scorecard_over_ring_windows`).
     known.push(("ab05_new_side_stream_each_step_cublas_workspace_per_stream_clean", S, "clean"));
     known.push(("ab06_step_records_in_reference_cycles_freed_by_gc_clean", S, "clean"));
+    // Whole only (cut to its last half it reads clean): a streaming service's carry-over state
+    // for up to 12 open streams (bg03), 158 blocks alive at the dump from the line that steps
+    // every stream, a bounded set read from the dump as kept tensors.
+    known.push((
+        "bg03_small_ring_streaming_conformer_feature_extractor_per_stream_carry_state_bounded_clean",
+        S,
+        "clean",
+    ));
     alarms_under_settings("scorecard_without_event_stacks", &["context-state", "context-state+last50"], &known);
 }
 

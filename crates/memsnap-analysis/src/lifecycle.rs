@@ -440,12 +440,15 @@ pub fn lifecycle(
             Some((bi as u32, u as u32, in_pass, consumed_by.map(|bw| bw as u32)))
         })
         .collect();
+    // Per unit, its blocks that a backward freed: tensors autograd saved for it.
+    let mut freed_by_backward = vec![0u32; units.len()];
     for (bi, u, in_pass, consumed_by) in placed {
         unit_of_block[bi as usize] = u;
         members[u as usize].push((bi as usize, in_pass));
         if let Some(bw) = consumed_by.map(|bw| bw as usize) {
             let c = &mut consumer[u as usize];
             *c = Some(c.map_or(bw, |c: usize| c.min(bw)));
+            freed_by_backward[u as usize] += 1;
         }
     }
     let alive_after = |b: &memsnap_replay::BlockLifetime, t: u32| b.freed_at().is_none_or(|f| f > t);
@@ -497,6 +500,7 @@ pub fn lifecycle(
         .collect();
     trained.sort_unstable();
     let checkpointed_training_saves = trained.get(trained.len() / 2).copied();
+    let site_training = site_training(&units, &consumer, &freed_by_backward);
     // A backward that freed some pass's saved tensors ran without `retain_graph=True`, which
     // keeps the saved tensors of every node the backward reaches or of none: a grad-on pass right
     // before it whose tensors it did not free was not reached. Its graph does not feed that loss
@@ -512,11 +516,15 @@ pub fn lifecycle(
         let saves_like_checkpointed_training = checkpointed
             && checkpointed_training_saves
                 .is_some_and(|r| f64::from(unit.survived_pass) >= th.training_saved_share * f64::from(r));
+        let saves_like_its_training = site_training.get(&unit.call_site).is_some_and(|t| {
+            t.saved >= SITE_SAVED_MIN && unit.survived_pass >= t.grad_on_floor(th.training_saved_share)
+        });
         unit.grad_on = unit.pass_blocks >= th.min_pass_blocks
-            && unit.survived_pass >= th.min_saved_blocks
-            && (share(th.saved_fraction)
-                || saved_stacks >= th.min_saved_stacks && share(th.sparse_saved_fraction)
-                || saves_like_checkpointed_training);
+            && (unit.survived_pass >= th.min_saved_blocks
+                && (share(th.saved_fraction)
+                    || saved_stacks >= th.min_saved_stacks && share(th.sparse_saved_fraction)
+                    || saves_like_checkpointed_training)
+                || saves_like_its_training);
         unit.fate = match *consumer {
             Some(bw) => UnitFate::Consumed { backward: bw },
             None => {
@@ -620,6 +628,59 @@ fn begun_before_trace(
                     span.contains(f) || f < span.start && stacks.get(events[f as usize].stack).module_call.is_some()
                 })
         })
+}
+
+/// Tensors a call site's training passes must leave for their backward to free (median) before
+/// the site's own training tells another pass's grad mode (2): with one, a pass that differs
+/// from its outputs by a single block would read as grad on.
+const SITE_SAVED_MIN: u32 = 2;
+
+/// What the training passes of one call site (consumed by a backward) leave: medians of the
+/// blocks alive when the pass returned, and of those that the backward freed.
+struct SiteTraining {
+    survived: u32,
+    saved: u32,
+}
+
+impl SiteTraining {
+    /// The blocks a pass from this site keeps when it runs with grad on.
+    ///
+    /// Mechanism. Autograd saves the same tensors whether or not a backward follows, so a pass
+    /// run with grad on keeps what the site's training passes keep: their outputs and their
+    /// saved tensors (those their backward freed). Under `no_grad` only the outputs survive,
+    /// `survived - saved` of them. A small model (an RL agent's three-layer policy, which saves
+    /// two activations and returns one tensor) keeps too few blocks for the shares of
+    /// `Thresholds`, whose measures hold for deep models; its own training says how many it
+    /// saves. With grad on a pass keeps its outputs and at least `share` of the saved ones.
+    fn grad_on_floor(&self, share: f64) -> u32 {
+        self.survived.saturating_sub(self.saved) + (share * f64::from(self.saved)).ceil() as u32
+    }
+}
+
+/// [`SiteTraining`] per call site that has training passes.
+fn site_training(
+    units: &[Unit],
+    consumer: &[Option<usize>],
+    freed_by_backward: &[u32],
+) -> FxHashMap<Option<FrameId>, SiteTraining> {
+    let mut by_site: FxHashMap<Option<FrameId>, (Vec<u32>, Vec<u32>)> = FxHashMap::default();
+    for ((unit, consumer), &saved) in units.iter().zip(consumer).zip(freed_by_backward) {
+        if consumer.is_some() {
+            let site = by_site.entry(unit.call_site).or_default();
+            site.0.push(unit.survived_pass);
+            site.1.push(saved);
+        }
+    }
+    let median = |v: &mut Vec<u32>| {
+        v.sort_unstable();
+        v[v.len() / 2]
+    };
+    by_site
+        .into_iter()
+        .map(|(site, (mut survived, mut saved))| {
+            (site, SiteTraining { survived: median(&mut survived), saved: median(&mut saved) })
+        })
+        .collect()
 }
 
 /// Mark unconsumed grad-on units that feed a retaining backward together with the pass right

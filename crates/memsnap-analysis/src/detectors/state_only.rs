@@ -500,8 +500,13 @@ struct LineBlocks {
 fn state_groups(cx: &Context) -> Vec<LineBlocks> {
     // By line, and whether construction code made them: each block with its stack.
     let mut by: BTreeMap<(FrameId, bool), Vec<(usize, StackId)>> = BTreeMap::new();
-    for (bi, _, stack) in live_blocks_with_stacks(cx) {
+    // The parameters and buffers construction code made, as counts per size.
+    let mut constructed: BTreeMap<u64, usize> = BTreeMap::new();
+    for (bi, b, stack) in live_blocks_with_stacks(cx) {
         let info = cx.stacks.get(stack);
+        if info.construction {
+            *constructed.entry(b.size).or_default() += 1;
+        }
         if info.optimizer || info.backward_launch || info.recompute || info.kv_cache {
             continue;
         }
@@ -521,7 +526,9 @@ fn state_groups(cx: &Context) -> Vec<LineBlocks> {
             let share =
                 if construction { cx.thresholds.unevicted_leak_share } else { cx.thresholds.leak_occurrence_share };
             let (made, repeated) = sift_by_iteration(cx, made, share);
-            let kept = repeated || !construction && made.len() as u64 >= cx.thresholds.state_min_same_site_blocks;
+            let state = one_parameter_set(cx, &made, &constructed);
+            let kept =
+                repeated || !construction && !state && made.len() as u64 >= cx.thresholds.state_min_same_site_blocks;
             kept.then(|| LineBlocks {
                 line,
                 stack: group_stack(cx, &made),
@@ -530,6 +537,26 @@ fn state_groups(cx: &Context) -> Vec<LineBlocks> {
             })
         })
         .collect()
+}
+
+/// Do `made`'s blocks make at most one copy of the parameters and buffers construction code
+/// made (per size, no more blocks than those), so that the line holds per-parameter state?
+///
+/// Mechanism. A buffer per parameter (an optimizer's moments, an EMA's or SWA's shadow weights,
+/// DP-SGD's clipped-gradient accumulators, a copy of the weights to restore) is made once, by
+/// one line, and updated in place: one whole set alive at the dump, however many steps ran.
+/// What grows keeps a set per step (a log of gradients, a model per round), more blocks of the
+/// parameters' sizes than the parameters themselves. So a line holding no more than one set is
+/// told as a construction line's copies are: by repeats the trace shows, not by its count of
+/// live blocks (bh03's accumulators, 78 blocks from one list comprehension, read as kept
+/// tensors before). With no construction stack in the dump (a model built before recording)
+/// nothing is known of the parameters, and the line is read by its count as before.
+fn one_parameter_set(cx: &Context, made: &[(usize, StackId)], constructed: &BTreeMap<u64, usize>) -> bool {
+    let mut per_size: BTreeMap<u64, usize> = BTreeMap::new();
+    for &(bi, _) in made {
+        *per_size.entry(cx.replay.blocks[bi].size).or_default() += 1;
+    }
+    !per_size.is_empty() && per_size.iter().all(|(size, &n)| constructed.get(size).is_some_and(|&c| n <= c))
 }
 
 /// The stack a group is shown with: that of its largest block among the code paths (stacks)
