@@ -526,9 +526,11 @@ fn state_groups(cx: &Context) -> Vec<LineBlocks> {
             let share =
                 if construction { cx.thresholds.unevicted_leak_share } else { cx.thresholds.leak_occurrence_share };
             let (made, repeated) = sift_by_iteration(cx, made, share);
-            let state = one_parameter_set(cx, &made, &constructed);
-            let kept =
-                repeated || !construction && !state && made.len() as u64 >= cx.thresholds.state_min_same_site_blocks;
+            let per_parameter_state = one_parameter_set(cx, &made, &constructed);
+            let kept = repeated
+                || !construction
+                    && !per_parameter_state
+                    && made.len() as u64 >= cx.thresholds.state_min_same_site_blocks;
             kept.then(|| LineBlocks {
                 line,
                 stack: group_stack(cx, &made),
