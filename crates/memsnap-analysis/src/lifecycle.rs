@@ -64,7 +64,8 @@ pub struct Unit {
     pub saved_bytes: u64,
     /// Grad was enabled (many blocks outlived the pass, or blocks from many allocation stacks:
     /// see `Thresholds::min_saved_stacks`; under activation checkpointing, about as many as the
-    /// checkpointed training passes keep: `Thresholds::training_saved_share`).
+    /// checkpointed training passes keep: `Thresholds::training_saved_share`; for a small model,
+    /// as many as its call site's training passes keep: `SiteTraining`).
     pub grad_on: bool,
     /// A block of this unit still allocated after this event is held by more than a rebound
     /// variable or the evaluation loop's own list: the end of the second unit after this one, or
