@@ -1905,3 +1905,33 @@ fn small_models_grad_on_passes_are_read_by_their_call_sites_training() {
     let clean = memsnap(&["analyze", "--json", fixture_with_prefix("extra57", "bj02_").to_str().unwrap()]).json();
     assert!(suspects(&clean).is_empty(), "bj02: {}", describe(&clean));
 }
+
+/// One copy of the parameters held by one line is per-parameter state (moments, an EMA's
+/// shadow, DP-SGD's accumulators), made once and updated in place; growth keeps a copy per
+/// step (`state_only::one_parameter_set`). Read from the dump alone: bj03's EMA (40 blocks from
+/// one list comprehension) is no leak, while bj04, the same program keeping a snapshot of the
+/// weights every other step, still reads as a leak at the snapshot line and not at the EMA's.
+/// bh03's DP-SGD accumulators under `context="state"` likewise read clean.
+#[test]
+fn one_copy_of_the_parameters_from_a_line_is_state_read_from_the_dump() {
+    if common::without_python3("one_copy_of_the_parameters_from_a_line_is_state_read_from_the_dump: no python3") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let read = |prefix: &str, setting: &str| {
+        let path = fixture_with_prefix("extra57", prefix);
+        memsnap(&["analyze", "--json", common::rewritten(dir.path(), setting, &path).to_str().unwrap()]).json()
+    };
+    let ema = read("bj03_", "no-trace");
+    assert!(suspects(&ema).is_empty(), "bj03 (no-trace): {}", describe(&ema));
+    let snapshots = read("bj04_", "no-trace");
+    let script = "bj04_context_state_transformer_classifier_weight_ema_plus_weight_snapshot_every_2_steps_kept_leak.py";
+    let leaks = of_kind(&snapshots, "reference_leak");
+    assert!(
+        leaks.len() == 1 && at(leaks[0], script, 75),
+        "bj04 (no-trace): the snapshot line alone: {}",
+        describe(&snapshots)
+    );
+    let accumulators = read("bh03_", "context-state");
+    assert!(suspects(&accumulators).is_empty(), "bh03 (context-state): {}", describe(&accumulators));
+}
