@@ -658,7 +658,7 @@ impl SiteTraining {
     }
 }
 
-/// [`SiteTraining`] per call site that has training passes.
+/// [`SiteTraining`] per call site (a user frame) that has training passes.
 fn site_training(
     units: &[Unit],
     consumer: &[Option<usize>],
@@ -666,7 +666,9 @@ fn site_training(
 ) -> FxHashMap<Option<FrameId>, SiteTraining> {
     let mut by_site: FxHashMap<Option<FrameId>, (Vec<u32>, Vec<u32>)> = FxHashMap::default();
     for ((unit, consumer), &saved) in units.iter().zip(consumer).zip(freed_by_backward) {
-        if consumer.is_some() {
+        // Passes with no user frame outward of the model call (run by library code) share the
+        // site `None` whatever model they run: their medians would mix models.
+        if consumer.is_some() && unit.call_site.is_some() {
             let site = by_site.entry(unit.call_site).or_default();
             site.0.push(unit.survived_pass);
             site.1.push(saved);
