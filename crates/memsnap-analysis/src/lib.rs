@@ -16,6 +16,7 @@ mod evidence;
 mod graph;
 mod labels;
 mod lifecycle;
+mod median;
 mod phases;
 mod render;
 mod site;

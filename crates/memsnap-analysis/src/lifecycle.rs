@@ -25,6 +25,7 @@ use memsnap_replay::DeviceReplay;
 use rayon::prelude::*;
 use rustc_hash::{FxHashMap, FxHashSet};
 
+use crate::median::median;
 use crate::phases::{Phases, Span};
 use crate::stacks::StackTable;
 use crate::thresholds::Thresholds;
@@ -674,10 +675,6 @@ fn site_training(
             site.1.push(saved);
         }
     }
-    let median = |v: &mut Vec<u32>| {
-        v.sort_unstable();
-        v[v.len() / 2]
-    };
     by_site
         .into_iter()
         .map(|(site, (mut survived, mut saved))| {

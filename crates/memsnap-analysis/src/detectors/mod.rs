@@ -28,6 +28,7 @@ use memsnap_replay::{BlockLifetime, DeviceReplay};
 use crate::attribution::{attribute, Attr};
 use crate::evidence::{rank, Evidence, IterationsBy, Occurrence, Severity, Suspect, SuspectKind};
 use crate::lifecycle::Lifecycle;
+pub(super) use crate::median::median;
 use crate::phases::{IterationSource, Phases};
 use crate::render;
 use crate::site::Site;
@@ -164,12 +165,6 @@ pub struct Measured {
 /// How many of `eligible` (ascending) lie strictly between occurrences `a` and `b`.
 pub fn occurrences_between(eligible: &[usize], a: usize, b: usize) -> usize {
     eligible.partition_point(|&e| e < b).saturating_sub(eligible.partition_point(|&e| e <= a))
-}
-
-/// The upper median of `v` (sorted in place); the type's default when `v` is empty.
-pub(super) fn median<T: Copy + Ord + Default>(v: &mut [T]) -> T {
-    v.sort_unstable();
-    v.get(v.len() / 2).copied().unwrap_or_default()
 }
 
 /// Measure a set of blocks against the device's series.
