@@ -1935,3 +1935,35 @@ fn one_copy_of_the_parameters_from_a_line_is_state_read_from_the_dump() {
     let accumulators = read("bh03_", "context-state");
     assert!(suspects(&accumulators).is_empty(), "bh03 (context-state): {}", describe(&accumulators));
 }
+
+/// A pass on one thread is not ended by another thread's allocations (`phases::Suspended`):
+/// the interpreter switches threads inside a model call, and the pass goes on when its thread
+/// resumes. bn01-bn03 score 24 batches on a `Scorer` thread while the script's thread
+/// preprocesses the next ones on the GPU (under `context="all"` and `context="alloc"`): 24
+/// passes each, bn01 and bn03 (`inference_mode` in the thread) clean, bn02 (grad on in the
+/// thread) `no_grad_missing` at the model call. bg04's batcher thread, cut by its clients'
+/// allocations, no longer reads as one pass run with grad, and bg01's thread-pool passes, one
+/// per query, stay apart.
+#[test]
+fn another_threads_allocations_do_not_end_a_pass() {
+    let read = |dir: &str, prefix: &str| {
+        memsnap(&["analyze", "--json", fixture_with_prefix(dir, prefix).to_str().unwrap()]).json()
+    };
+    let passes = |out: &serde_json::Value| out["devices"][0]["phases"]["forward_passes"].as_u64();
+    for prefix in ["bn01_", "bn03_"] {
+        let out = read("extra58", prefix);
+        assert_eq!(passes(&out), Some(24), "{prefix}: {}", describe(&out));
+        assert!(suspects(&out).is_empty(), "{prefix}: {}", describe(&out));
+    }
+    let grad_on = read("extra58", "bn02_");
+    assert_eq!(passes(&grad_on), Some(24), "bn02: {}", describe(&grad_on));
+    let script =
+        "bn02_two_thread_image_scorer_producer_preprocesses_on_gpu_scorer_thread_grad_on_no_grad_missing_peak.py";
+    let named = of_kind(&grad_on, "no_grad_missing");
+    assert!(named.len() == 1 && at(named[0], script, 56), "bn02: {}", describe(&grad_on));
+    let batcher = read("extra57", "bg04_");
+    assert!(of_kind(&batcher, "no_grad_missing").is_empty(), "bg04: {}", describe(&batcher));
+    assert_eq!(passes(&batcher), Some(60), "bg04: {}", describe(&batcher));
+    let pool = read("extra57", "bg01_");
+    assert_eq!(passes(&pool), Some(10), "bg01: {}", describe(&pool));
+}
