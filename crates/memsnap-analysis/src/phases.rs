@@ -190,10 +190,11 @@ impl Phases {
 /// operation: the stack its passes start with ([`pass_start_stacks`]). That operation can
 /// allocate more than once with that stack (a convolution's output, then its cuDNN workspace),
 /// so while the pass has allocated with no other stack, another allocation with it is the same
-/// operation going on (bn01: a ResNet scored on a thread, preprocessing on the script's). Ended at the other
-/// thread's allocation, the pass would leave the tensors it still uses reading as having
-/// outlived it, saved for a backward (bg04: a dynamic batcher's thread under `inference_mode`,
-/// its clients' `result().mean(0)` on the script's thread, read as a pass run with grad).
+/// operation going on (bn01: a ResNet scored on a thread, preprocessing on the script's).
+/// Ended at the other thread's allocation, the pass would leave the tensors it still uses
+/// reading as having outlived it, saved for a backward (bg04: a dynamic batcher's thread under
+/// `inference_mode`, its clients' `result().mean(0)` on the script's thread, read as a pass run
+/// with grad).
 #[derive(Clone, Copy)]
 struct Suspended {
     worker: bool,
