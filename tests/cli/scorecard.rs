@@ -627,6 +627,12 @@ fn scorecard_without_event_stacks() {
         // passes (`lifecycle::SiteTraining`); from the dump, two ReLU outputs per acting step
         // from one line, with no norm twins, read as outputs kept per call.
         ("bi04_sac_vectorized_gpu_pendulum_preallocated_replay_twin_q_targets_act_without_no_grad_env_state_chains_graphs_leak", S, "reference_leak"),
+        // A GAN's discriminator step run on an undetached fake with `retain_graph=True`, whose
+        // graph of every step stays alive (bl04, recorded with `context="alloc"`): the whole
+        // trace names the retained graph at the backward line, since the backward right after
+        // each pass freed none of what it saved; from the dump, the blocks of the two
+        // discriminator calls of each step, taken for outputs kept per call. Not analysed further.
+        ("bl04_context_alloc_cond_hinge_gan_ttur_d_step_on_undetached_fake_retain_graph_waste", S, "reference_leak"),
     ];
     // Cut to its last half as well (a ring that wrapped): the same misreadings, and x02's
     // evaluation without `no_grad` of a CNN whose batch norms run in eval mode (no twins), which
