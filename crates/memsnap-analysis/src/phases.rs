@@ -187,7 +187,7 @@ impl Phases {
 /// script's clients while a thread it started runs the model, or the reverse) can fall inside a
 /// pass, and the pass runs on when its thread resumes. Its next allocation then comes from
 /// inside the model, where a new pass from that call site starts with the model's first
-/// operation: the stack its passes start with ([`pass_start_stacks`]). That operation can
+/// operation: the stack its passes start with ([`PassStarts`]). That operation can
 /// allocate more than once with that stack (a convolution's output, then its cuDNN workspace),
 /// so while the pass has allocated with no other stack, another allocation with it is the same
 /// operation going on (bn01: a ResNet scored on a thread, preprocessing on the script's).
@@ -207,10 +207,10 @@ impl Suspended {
     /// Is model-call event `e` (of `info`) this pass going on: from its thread and call site,
     /// and not the first allocation of a new pass (made with the start stack once the pass
     /// had gone past its first operation)?
-    fn resumed_by(&self, info: &StackInfo, e: &TraceEvent, starts: &FxHashMap<Option<FrameId>, StackId>) -> bool {
+    fn resumed_by(&self, info: &StackInfo, e: &TraceEvent, starts: &PassStarts) -> bool {
         info.worker_thread == self.worker
             && info.forward_call == self.call_site
-            && (e.action() != Action::Alloc || !self.past_first_op || starts.get(&self.call_site) != Some(&e.stack))
+            && (e.action() != Action::Alloc || !self.past_first_op || !starts.opens(self.call_site, e.stack))
     }
 }
 
@@ -220,39 +220,42 @@ impl Suspended {
 /// script's thread and a thread it started made Python-framed allocations, and the started
 /// threads' events are not set apart ([`Phases::worker_events`]): only then can another
 /// thread's allocation fall inside a pass (see [`Suspended`]).
-fn pass_start_stacks(
-    events: &[TraceEvent],
-    stacks: &StackTable,
-    worker_events: &[u32],
-) -> FxHashMap<Option<FrameId>, StackId> {
-    let python = |worker: bool| stacks.infos.iter().any(|i| i.python && i.worker_thread == worker);
-    let mut out = FxHashMap::default();
-    if !worker_events.is_empty() || !python(true) || !python(false) {
-        return out;
-    }
-    let mut counts: FxHashMap<(Option<FrameId>, StackId), u32> = FxHashMap::default();
-    // The call site of the last Python-framed allocation when it was a model call's.
-    let mut previous: Option<Option<FrameId>> = None;
-    for e in events.iter().filter(|e| e.action() == Action::Alloc) {
-        let info = stacks.get(e.stack);
-        if !info.python || info.recompute || info.backward_launch {
-            continue;
+struct PassStarts(FxHashMap<Option<FrameId>, StackId>);
+
+impl PassStarts {
+    fn of(events: &[TraceEvent], stacks: &StackTable, worker_events: &[u32]) -> PassStarts {
+        let python = |worker: bool| stacks.infos.iter().any(|i| i.python && i.worker_thread == worker);
+        if !worker_events.is_empty() || !python(true) || !python(false) {
+            return PassStarts(FxHashMap::default());
         }
-        let call = info.forward.then_some(info.forward_call);
-        if let Some(site) = call.filter(|&site| previous != Some(site)) {
-            *counts.entry((site, e.stack)).or_default() += 1;
+        let mut counts: FxHashMap<(Option<FrameId>, StackId), u32> = FxHashMap::default();
+        // The call site of the last Python-framed allocation when it was a model call's.
+        let mut previous: Option<Option<FrameId>> = None;
+        for e in events.iter().filter(|e| e.action() == Action::Alloc) {
+            let info = stacks.get(e.stack);
+            if !info.python || info.recompute || info.backward_launch {
+                continue;
+            }
+            let call = info.forward.then_some(info.forward_call);
+            if let Some(site) = call.filter(|&site| previous != Some(site)) {
+                *counts.entry((site, e.stack)).or_default() += 1;
+            }
+            previous = call;
         }
-        previous = call;
-    }
-    let mut best: FxHashMap<Option<FrameId>, (u32, StackId)> = FxHashMap::default();
-    for ((site, stack), n) in counts {
-        let b = best.entry(site).or_insert((n, stack));
-        if n > b.0 || n == b.0 && stack < b.1 {
-            *b = (n, stack);
+        let mut best: FxHashMap<Option<FrameId>, (u32, StackId)> = FxHashMap::default();
+        for ((site, stack), n) in counts {
+            let b = best.entry(site).or_insert((n, stack));
+            if n > b.0 || n == b.0 && stack < b.1 {
+                *b = (n, stack);
+            }
         }
+        PassStarts(best.into_iter().map(|(site, (_, stack))| (site, stack)).collect())
     }
-    out.extend(best.into_iter().map(|(site, (_, stack))| (site, stack)));
-    out
+
+    /// Is `stack` the one passes from `site` start with?
+    fn opens(&self, site: Option<FrameId>, stack: StackId) -> bool {
+        self.0.get(&site) == Some(&stack)
+    }
 }
 
 /// Find the phases of one device's trace.
@@ -267,14 +270,14 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
     let free_stacks_from_alloc = free_stacks_are_alloc_stacks(events);
     // With `free_stacks_from_alloc`: the addresses the open forward pass allocated.
     let mut open_forward_blocks: rustc_hash::FxHashSet<u64> = Default::default();
-    // Whether the open forward pass runs in a thread the program started, and has allocated
-    // with a stack other than its call site's start stack; the last pass when another thread's
-    // allocation ended it (`Suspended`).
-    let mut open_forward_worker = false;
+    // Whether the open forward pass has allocated with a stack other than its call site's start
+    // stack; the last pass when another thread's allocation ended it (`Suspended`).
     let mut open_forward_past_first_op = false;
     let mut suspended: Option<Suspended> = None;
     let worker_events = worker_events(events, stacks);
-    let start_stacks = pass_start_stacks(events, stacks, &worker_events);
+    let starts = PassStarts::of(events, stacks, &worker_events);
+    // The thread of a pass is that of the event that opened it.
+    let in_worker = |f: &ForwardPass| stacks.get(events[f.span.start as usize].stack).worker_thread;
     // Runs of frameless allocations outside every launched backward window (see `EngineRun`),
     // and the run being read: (its first event, the Python-framed event before it, whether it
     // freed anything).
@@ -358,9 +361,8 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
         // Forward passes.
         if info.forward && !info.backward_launch {
             if open_forward.is_none() {
-                if let Some(s) = suspended.take().filter(|s| s.resumed_by(&info, e, &start_stacks)) {
+                if let Some(s) = suspended.take().filter(|s| s.resumed_by(&info, e, &starts)) {
                     open_forward = forwards.pop();
-                    open_forward_worker = s.worker;
                     open_forward_past_first_op = s.past_first_op;
                 }
             }
@@ -369,7 +371,7 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
                     f.span.end = i + 1;
                     if e.action() == Action::Alloc {
                         f.last_alloc = Some(i);
-                        open_forward_past_first_op |= start_stacks.get(&f.call_site) != Some(&e.stack);
+                        open_forward_past_first_op |= !starts.opens(f.call_site, e.stack);
                         if free_stacks_from_alloc {
                             open_forward_blocks.insert(e.addr);
                         }
@@ -384,9 +386,7 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
                         open_forward_blocks.insert(e.addr);
                     }
                     let last_alloc = (e.action() == Action::Alloc).then_some(i);
-                    open_forward_worker = info.worker_thread;
-                    open_forward_past_first_op =
-                        last_alloc.is_some() && start_stacks.get(&info.forward_call) != Some(&e.stack);
+                    open_forward_past_first_op = last_alloc.is_some() && !starts.opens(info.forward_call, e.stack);
                     suspended = None;
                     open_forward = Some(ForwardPass {
                         span: Span { start: i, end: i + 1 },
@@ -399,8 +399,9 @@ pub fn find_phases(events: &[TraceEvent], stacks: &StackTable, annotations: &[An
         } else if e.action() == Action::Alloc {
             match open_forward.take() {
                 Some(f) => {
-                    suspended = (open_forward_worker != info.worker_thread).then_some(Suspended {
-                        worker: open_forward_worker,
+                    let worker = in_worker(&f);
+                    suspended = (worker != info.worker_thread).then_some(Suspended {
+                        worker,
                         call_site: f.call_site,
                         past_first_op: open_forward_past_first_op,
                     });
