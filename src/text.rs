@@ -10,7 +10,7 @@ pub fn fmt_bytes(b: u64) -> String {
 
 pub fn category_title(c: Category) -> &'static str {
     match c {
-        Category::PreTrace => "pre-trace (parameters, buffers)",
+        Category::PreTrace => "made before the trace",
         Category::Gradients => "gradients",
         Category::OptimizerState => "optimizer state",
         Category::Activations => "activations",

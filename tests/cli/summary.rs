@@ -400,9 +400,9 @@ fn a_trace_without_free_requested_says_so() {
 
 /// The legacy `_record_memory_history(True)` records a ring of one entry (`keep1`): s01's is a
 /// `free_completed`, which proves nothing was skipped, and no allocation is in the trace, so all
-/// live memory is pre-trace, not "parameters, buffers". The same file with requests left out
-/// whole still says so, and so does its newest fifth, where allocations and completions of the
-/// same blocks lie inside the window.
+/// live memory is pre-trace ("all of it"). The same file with requests left out whole still
+/// says so, and so does its newest fifth, where allocations and completions of the same blocks
+/// lie inside the window.
 #[test]
 fn a_ring_of_one_entry_is_not_taken_for_skipped_actions() {
     if common::without_python3(

@@ -28,7 +28,10 @@ pub enum Attr {
 /// Memory categories at a moment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Category {
-    /// Alive before the trace (parameters, buffers, optimizer state of earlier steps).
+    /// Alive before the trace: whatever was made before recording began. The model's parameters
+    /// and buffers and the optimizer state as a rule, but in a ring that wrapped anything older
+    /// than the ring too (kept activations and graphs: bp02 holds 1.08 GiB of them), so it is
+    /// named by when it was made, not guessed as parameters.
     PreTrace,
     /// Made by a backward pass, outliving it, of a parameter's size.
     Gradients,

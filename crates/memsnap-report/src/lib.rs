@@ -452,7 +452,7 @@ const CATEGORY_COLORS: [&str; 7] = ["#8c96a8", "#e07a5f", "#f2cc8f", "#3d85c6", 
 
 pub fn category_title(c: Category) -> &'static str {
     match c {
-        Category::PreTrace => "allocated before the trace (parameters, buffers)",
+        Category::PreTrace => "allocated before the trace",
         Category::Gradients => "gradients",
         Category::OptimizerState => "optimizer state",
         Category::Activations => "activations",
